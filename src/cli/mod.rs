@@ -1,0 +1,60 @@
+//! The `cadenza` command line.
+
+mod tokens;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "cadenza", version, about = "Symbolic music with a linear-attention Performer and stochastic positional encoding")]
+pub struct Cli {
+    /// Print debug logs.
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the REMI tokens of a MIDI file, one per line.
+    Encode(tokens::EncodeArgs),
+    /// Turn a token file (one token per line or whitespace-separated) into MIDI.
+    Decode(tokens::DecodeArgs),
+    /// Summarize a MIDI file: tracks, notes, tempos, time signatures, tokens.
+    Inspect(tokens::InspectArgs),
+    /// Tokenize MIDI files and folders into a training dataset.
+    Tokenize(tokens::TokenizeArgs),
+    /// Write the tokenizer's vocabulary as JSON.
+    Vocab(tokens::VocabArgs),
+}
+
+/// Options shared by commands that tokenize.
+#[derive(clap::Args, Debug, Clone)]
+pub struct VocabOpt {
+    /// Vocabulary JSON file (default: the built-in default REMI+ vocabulary,
+    /// the same as vocab/remi-default.json).
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
+}
+
+impl VocabOpt {
+    pub fn load(&self) -> Result<crate::tokenizer::Vocab> {
+        match &self.vocab {
+            Some(p) => crate::tokenizer::Vocab::load(p),
+            None => crate::tokenizer::Vocab::new(crate::tokenizer::RemiConfig::default()),
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Encode(a) => tokens::encode(a),
+        Command::Decode(a) => tokens::decode(a),
+        Command::Inspect(a) => tokens::inspect(a),
+        Command::Tokenize(a) => tokens::tokenize(a),
+        Command::Vocab(a) => tokens::vocab(a),
+    }
+}

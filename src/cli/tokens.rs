@@ -1,0 +1,247 @@
+//! Commands around the tokenizer: encode, decode, inspect, tokenize, vocab.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use super::VocabOpt;
+use crate::midi;
+use crate::tokenizer::{self, dataset};
+
+#[derive(clap::Args, Debug)]
+pub struct EncodeArgs {
+    /// MIDI file.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub vocab: VocabOpt,
+    /// Print ids instead of token strings.
+    #[arg(long)]
+    pub ids: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DecodeArgs {
+    /// Token file: token strings (or ids) separated by whitespace.
+    pub tokens: PathBuf,
+    /// Output MIDI file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub vocab: VocabOpt,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// MIDI file.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub vocab: VocabOpt,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TokenizeArgs {
+    /// MIDI files and folders (searched recursively for .mid/.midi).
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// Dataset folder to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub vocab: VocabOpt,
+    /// Exit with status 2 when any file was skipped.
+    #[arg(long)]
+    pub strict: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 'j')]
+    pub threads: Option<usize>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct VocabArgs {
+    /// Output JSON file.
+    #[arg(short, long, default_value = "vocab/remi-default.json")]
+    pub output: PathBuf,
+    /// Tokenizer config (TOML) to build the vocabulary from (default: defaults).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+pub fn encode(a: EncodeArgs) -> Result<i32> {
+    let vocab = a.vocab.load()?;
+    let (score, report) = midi::read_file(&a.file)?;
+    for w in report.warnings() {
+        eprintln!("warning: {}: {w}", a.file.display());
+    }
+    let (ids, q) = tokenizer::encode(&score, &vocab);
+    for w in q.warnings() {
+        eprintln!("warning: {}: {w}", a.file.display());
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for id in ids {
+        if a.ids {
+            writeln!(out, "{id}")?;
+        } else {
+            writeln!(out, "{}", vocab.string(id).unwrap_or("?"))?;
+        }
+    }
+    out.flush()?;
+    Ok(0)
+}
+
+/// Reads token strings or ids separated by whitespace; errors name the file,
+/// the line and the token.
+pub fn read_token_file(path: &std::path::Path, vocab: &tokenizer::Vocab) -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut ids = Vec::new();
+    for (ln, line) in text.lines().enumerate() {
+        for word in line.split_whitespace() {
+            let id = match vocab.parse_token(word) {
+                Some(id) => id,
+                None => match word.parse::<u32>() {
+                    Ok(id) if (id as usize) < vocab.len() => id,
+                    _ => bail!(
+                        "{}:{}: unknown token {word:?} for vocabulary {}",
+                        path.display(),
+                        ln + 1,
+                        vocab.hash()
+                    ),
+                },
+            };
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+pub fn decode(a: DecodeArgs) -> Result<i32> {
+    let vocab = a.vocab.load()?;
+    let ids = read_token_file(&a.tokens, &vocab)?;
+    let (score, report) = tokenizer::decode(&ids, &vocab);
+    if !report.is_clean() {
+        eprintln!(
+            "warning: {}: {} token(s) skipped by the grammar, {} after EOS",
+            a.tokens.display(),
+            report.skipped,
+            report.after_eos
+        );
+    }
+    let score = tokenizer::to_output_resolution(&score);
+    midi::write_file(&score, &a.output)?;
+    println!(
+        "wrote {} ({} notes, {:.1} s)",
+        a.output.display(),
+        score.notes.len(),
+        score.duration_seconds()
+    );
+    Ok(0)
+}
+
+pub fn inspect(a: InspectArgs) -> Result<i32> {
+    let vocab = a.vocab.load()?;
+    let bytes =
+        std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
+    let smf = midly::Smf::parse(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not a valid MIDI file: {e}", a.file.display()))?;
+    let (score, report) = midi::parse(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: not a valid MIDI file: {e}", a.file.display()))?;
+    let (ids, q) = tokenizer::encode(&score, &vocab);
+    println!("file:            {}", a.file.display());
+    println!("format:          {:?}", smf.header.format);
+    println!("timing:          {:?}", smf.header.timing);
+    println!("tracks:          {}", smf.tracks.len());
+    println!("ticks/quarter:   {}", score.ticks_per_quarter);
+    println!("notes:           {}", score.notes.len());
+    println!("duration:        {:.1} s", score.duration_seconds());
+    if let (Some(lo), Some(hi)) = (
+        score.notes.iter().map(|n| n.pitch).min(),
+        score.notes.iter().map(|n| n.pitch).max(),
+    ) {
+        println!("pitch range:     {lo}..={hi}");
+    }
+    let mut programs: Vec<String> = score
+        .notes
+        .iter()
+        .map(|n| {
+            if n.is_drum {
+                "drums".to_string()
+            } else {
+                n.program.to_string()
+            }
+        })
+        .collect();
+    programs.sort();
+    programs.dedup();
+    println!("programs:        {}", programs.join(" "));
+    println!("tempo changes:   {}", score.tempos.len());
+    for t in score.tempos.iter().take(5) {
+        println!("  tick {:>8}: {:.2} BPM", t.tick, t.bpm());
+    }
+    println!("time signatures: {}", score.time_signatures.len());
+    for t in score.time_signatures.iter().take(5) {
+        println!("  tick {:>8}: {}/{}", t.tick, t.numerator, t.denominator);
+    }
+    println!("tokens:          {}", ids.len());
+    for w in report.warnings().into_iter().chain(q.warnings()) {
+        println!("warning:         {w}");
+    }
+    Ok(0)
+}
+
+pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
+    let vocab = a.vocab.load()?;
+    let files = dataset::collect_midi_files(&a.inputs)?;
+    if files.is_empty() {
+        bail!("no .mid/.midi files found under the inputs");
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads.unwrap_or(0))
+        .build()
+        .context("cannot start worker threads")?;
+    let pb = indicatif::ProgressBar::new(files.len() as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} tokenizing [{bar:40}] {pos}/{len} files {per_sec} ETA {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    let t0 = Instant::now();
+    let results = pool.install(|| dataset::tokenize_files(&files, &vocab, &|| pb.inc(1)));
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let m = dataset::write_dataset(&a.output, &vocab, &files, results)?;
+    for s in &m.skipped {
+        eprintln!("skipped {}: {}", s.path, s.reason);
+    }
+    println!(
+        "{} pieces, {} tokens, {} notes from {} files in {:.1} s ({:.0} files/s); {} skipped; {} with warnings",
+        m.pieces,
+        m.tokens,
+        m.notes,
+        m.files_seen,
+        secs,
+        m.files_seen as f64 / secs.max(1e-9),
+        m.skipped.len(),
+        m.warnings.len()
+    );
+    println!("dataset written to {}", a.output.display());
+    Ok(if a.strict && !m.skipped.is_empty() { 2 } else { 0 })
+}
+
+pub fn vocab(a: VocabArgs) -> Result<i32> {
+    let config = match &a.config {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("{}: bad tokenizer config", p.display()))?
+        }
+        None => tokenizer::RemiConfig::default(),
+    };
+    let v = tokenizer::Vocab::new(config)?;
+    v.save(&a.output)?;
+    println!("wrote {} ({} tokens, hash {})", a.output.display(), v.len(), v.hash());
+    Ok(0)
+}

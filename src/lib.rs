@@ -1,0 +1,11 @@
+//! `cadenza`: symbolic-music generation with a Performer (FAVOR+ causal linear
+//! attention) and Stochastic Positional Encoding.
+//!
+//! The pipeline, one module per stage:
+//! - [`midi`]: MIDI files to and from a plain [`midi::Score`];
+//! - [`tokenizer`]: REMI+ tokens, the vocabulary, the grammar, token datasets.
+
+pub mod cli;
+pub mod midi;
+pub mod tokenizer;
+pub mod util;

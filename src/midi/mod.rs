@@ -1,0 +1,9 @@
+//! MIDI files in and out, through `midly`, and the plain [`Score`] they become.
+
+mod read;
+mod score;
+mod write;
+
+pub use read::{parse, read_file, MidiError, ReadReport, SMPTE_TICKS_PER_QUARTER};
+pub use score::{Note, Score, TempoChange, TimeSignature, DEFAULT_US_PER_QUARTER};
+pub use write::{to_bytes, write_file};

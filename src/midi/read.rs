@@ -1,0 +1,226 @@
+//! Standard MIDI file -> [`Score`].
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+
+use midly::{Format, MetaMessage, MidiMessage, Smf, Timing, TrackEventKind};
+
+use super::score::{Note, Score, TempoChange, TimeSignature};
+
+/// Ticks per quarter used when a SMPTE-timed file is converted to a metrical grid
+/// (at a fixed 120 BPM, so that seconds are preserved).
+pub const SMPTE_TICKS_PER_QUARTER: u32 = 480;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MidiError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid MIDI file: {reason}")]
+    Parse { path: String, reason: String },
+}
+
+/// What the reader had to repair or ignore; never fatal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadReport {
+    /// Notes still sounding at the end of their track, closed there.
+    pub unclosed_notes: usize,
+    /// NoteOffs with no matching NoteOn.
+    pub orphan_note_offs: usize,
+    /// Tracks that ended without an EndOfTrack event (truncated or corrupt).
+    pub truncated_tracks: usize,
+    /// The file used SMPTE (timecode) timing and was converted.
+    pub smpte_converted: bool,
+}
+
+impl ReadReport {
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.unclosed_notes > 0 {
+            w.push(format!(
+                "{} note(s) never closed: closed at the end of their track",
+                self.unclosed_notes
+            ));
+        }
+        if self.orphan_note_offs > 0 {
+            w.push(format!(
+                "{} note-off(s) without a note-on ignored",
+                self.orphan_note_offs
+            ));
+        }
+        if self.truncated_tracks > 0 {
+            w.push(format!(
+                "{} track(s) end without EndOfTrack (file may be truncated)",
+                self.truncated_tracks
+            ));
+        }
+        if self.smpte_converted {
+            w.push("SMPTE timing converted to 480 ticks per quarter at 120 BPM".into());
+        }
+        w
+    }
+}
+
+/// Reads and parses a MIDI file; errors name the file.
+pub fn read_file(path: &Path) -> Result<(Score, ReadReport), MidiError> {
+    let bytes = std::fs::read(path).map_err(|source| MidiError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&bytes).map_err(|reason| MidiError::Parse {
+        path: path.display().to_string(),
+        reason,
+    })
+}
+
+/// Parses MIDI bytes. The error is a human-readable reason.
+pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
+    if bytes.len() < 14 || &bytes[..4] != b"MThd" {
+        // midly accepts RIFF-wrapped files too; anything else without a header is junk.
+        if !(bytes.len() >= 4 && &bytes[..4] == b"RIFF") {
+            return Err("missing MThd header".into());
+        }
+    }
+    let smf = Smf::parse(bytes).map_err(|e| e.to_string())?;
+    let mut report = ReadReport::default();
+
+    // Absolute-time events of every track, merged in time order. Format 2 tracks
+    // are independent songs: play them one after another.
+    let mut events: Vec<(u64, usize, usize, TrackEventKind)> = Vec::new();
+    let mut track_ends = Vec::with_capacity(smf.tracks.len());
+    let mut offset = 0u64;
+    for (ti, track) in smf.tracks.iter().enumerate() {
+        let mut tick = offset;
+        let mut ended = false;
+        for (ei, ev) in track.iter().enumerate() {
+            tick += ev.delta.as_int() as u64;
+            if let TrackEventKind::Meta(MetaMessage::EndOfTrack) = ev.kind {
+                ended = true;
+            }
+            events.push((tick, ti, ei, ev.kind));
+        }
+        if !ended {
+            report.truncated_tracks += 1;
+        }
+        track_ends.push(tick);
+        if smf.header.format == Format::Sequential {
+            offset = tick;
+        }
+    }
+    events.sort_by_key(|&(tick, ti, ei, _)| (tick, ti, ei));
+
+    let (ticks_per_quarter, scale) = match smf.header.timing {
+        Timing::Metrical(tpq) => (tpq.as_int().max(1) as u32, None),
+        Timing::Timecode(fps, sub) => {
+            report.smpte_converted = true;
+            let ticks_per_second = (fps.as_f32() as f64 * sub.max(1) as f64).max(1.0);
+            // 120 BPM: a quarter lasts half a second.
+            let per_tick = SMPTE_TICKS_PER_QUARTER as f64 * 2.0 / ticks_per_second;
+            (SMPTE_TICKS_PER_QUARTER, Some(per_tick))
+        }
+    };
+    let conv = |t: u64| -> u64 {
+        match scale {
+            None => t,
+            Some(s) => (t as f64 * s).round() as u64,
+        }
+    };
+
+    let mut score = Score::new(ticks_per_quarter);
+    let mut programs = [0u8; 16];
+    // Open notes per (track, channel, pitch), first in first out.
+    let mut open: HashMap<(usize, u8, u8), VecDeque<(u64, u8, u8)>> = HashMap::new();
+    for &(tick, ti, _, kind) in &events {
+        match kind {
+            TrackEventKind::Midi { channel, message } => {
+                let ch = channel.as_int();
+                match message {
+                    MidiMessage::ProgramChange { program } => programs[ch as usize] = program.as_int(),
+                    MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => {
+                        open.entry((ti, ch, key.as_int())).or_default().push_back((
+                            tick,
+                            vel.as_int(),
+                            programs[ch as usize],
+                        ));
+                    }
+                    MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
+                        match open.get_mut(&(ti, ch, key.as_int())).and_then(|q| q.pop_front()) {
+                            Some((start, velocity, program)) => score.notes.push(make_note(
+                                conv(start),
+                                conv(tick),
+                                key.as_int(),
+                                velocity,
+                                program,
+                                ch,
+                            )),
+                            None => report.orphan_note_offs += 1,
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            TrackEventKind::Meta(MetaMessage::Tempo(us)) if scale.is_none() => {
+                let us = us.as_int().max(1);
+                match score.tempos.last_mut() {
+                    Some(last) if last.tick == tick => last.us_per_quarter = us,
+                    _ => score.tempos.push(TempoChange {
+                        tick,
+                        us_per_quarter: us,
+                    }),
+                }
+            }
+            TrackEventKind::Meta(MetaMessage::TimeSignature(num, den_pow, _, _)) => {
+                let ts = TimeSignature {
+                    tick: conv(tick),
+                    numerator: num,
+                    denominator: 1u8.checked_shl(den_pow as u32).unwrap_or(0),
+                };
+                match score.time_signatures.last_mut() {
+                    Some(last) if last.tick == ts.tick => *last = ts,
+                    _ => score.time_signatures.push(ts),
+                }
+            }
+            _ => {}
+        }
+    }
+    if scale.is_some() {
+        score.tempos.push(TempoChange {
+            tick: 0,
+            us_per_quarter: 500_000,
+        });
+    }
+    // Close what is still open at the end of its track.
+    let mut leftovers: Vec<_> = open.into_iter().collect();
+    leftovers.sort_by_key(|(k, _)| *k);
+    for ((ti, ch, pitch), queue) in leftovers {
+        for (start, velocity, program) in queue {
+            report.unclosed_notes += 1;
+            let end = track_ends[ti].max(start);
+            score.notes.push(make_note(
+                conv(start),
+                conv(end),
+                pitch,
+                velocity,
+                program,
+                ch,
+            ));
+        }
+    }
+    score.sort();
+    Ok((score, report))
+}
+
+fn make_note(start: u64, end: u64, pitch: u8, velocity: u8, program: u8, channel: u8) -> Note {
+    let is_drum = channel == 9;
+    Note {
+        start,
+        duration: end.saturating_sub(start),
+        pitch,
+        velocity,
+        program: if is_drum { 0 } else { program },
+        channel,
+        is_drum,
+    }
+}

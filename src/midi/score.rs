@@ -1,0 +1,237 @@
+//! A plain, format-independent view of a piece: what the tokenizer, the
+//! renderer and the statistics need, and nothing of MIDI's wire format.
+
+use serde::{Deserialize, Serialize};
+
+/// MIDI's default tempo (120 BPM) in microseconds per quarter note.
+pub const DEFAULT_US_PER_QUARTER: u32 = 500_000;
+
+/// One sounding note. Times are in ticks of the owning [`Score`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Note {
+    pub start: u64,
+    pub duration: u64,
+    pub pitch: u8,
+    pub velocity: u8,
+    /// General MIDI program (0..=127); 0 for drums.
+    pub program: u8,
+    /// MIDI channel (0..=15) the note came from; 9 for drums when written.
+    pub channel: u8,
+    pub is_drum: bool,
+}
+
+impl Note {
+    pub fn end(&self) -> u64 {
+        self.start + self.duration
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TempoChange {
+    pub tick: u64,
+    pub us_per_quarter: u32,
+}
+
+impl TempoChange {
+    pub fn bpm(&self) -> f64 {
+        60_000_000.0 / self.us_per_quarter as f64
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeSignature {
+    pub tick: u64,
+    pub numerator: u8,
+    /// The written denominator (4 for x/4), not MIDI's power of two.
+    pub denominator: u8,
+}
+
+impl TimeSignature {
+    /// Length of one bar in quarter notes, as a fraction (num, den).
+    pub fn quarters_per_bar(&self) -> (u64, u64) {
+        (4 * self.numerator as u64, self.denominator as u64)
+    }
+}
+
+/// A piece of music: notes sorted by (start, program, pitch), tempo and time
+/// signature maps sorted by tick. Without a tempo or time-signature event at
+/// tick 0, MIDI's defaults (120 BPM, 4/4) apply until the first one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Score {
+    pub ticks_per_quarter: u32,
+    pub notes: Vec<Note>,
+    pub tempos: Vec<TempoChange>,
+    pub time_signatures: Vec<TimeSignature>,
+}
+
+impl Score {
+    pub fn new(ticks_per_quarter: u32) -> Self {
+        Score {
+            ticks_per_quarter,
+            notes: Vec::new(),
+            tempos: Vec::new(),
+            time_signatures: Vec::new(),
+        }
+    }
+
+    /// Tick at which the last note ends (0 for an empty score).
+    pub fn end_tick(&self) -> u64 {
+        self.notes.iter().map(Note::end).max().unwrap_or(0)
+    }
+
+    /// Puts notes and maps in their canonical order.
+    pub fn sort(&mut self) {
+        self.notes.sort_by_key(|n| {
+            (
+                n.start,
+                n.is_drum,
+                n.program,
+                n.pitch,
+                n.velocity,
+                n.duration,
+                n.channel,
+            )
+        });
+        self.tempos.sort_by_key(|t| t.tick);
+        self.time_signatures.sort_by_key(|t| t.tick);
+    }
+
+    /// Seconds at which `tick` sounds, following the tempo map.
+    pub fn tick_to_seconds(&self, tick: u64) -> f64 {
+        let tpq = self.ticks_per_quarter.max(1) as f64;
+        let mut seconds = 0.0;
+        let mut last_tick = 0u64;
+        let mut us = DEFAULT_US_PER_QUARTER as f64;
+        for t in &self.tempos {
+            if t.tick >= tick {
+                break;
+            }
+            seconds += (t.tick - last_tick) as f64 / tpq * us * 1e-6;
+            last_tick = t.tick;
+            us = t.us_per_quarter as f64;
+        }
+        seconds + (tick - last_tick) as f64 / tpq * us * 1e-6
+    }
+
+    /// Total duration in seconds, up to the end of the last note.
+    pub fn duration_seconds(&self) -> f64 {
+        self.tick_to_seconds(self.end_tick())
+    }
+
+    /// The same piece on another tick grid (rounding to the nearest tick).
+    pub fn rescaled(&self, ticks_per_quarter: u32) -> Score {
+        let from = self.ticks_per_quarter.max(1) as u128;
+        let to = ticks_per_quarter as u128;
+        let conv = |t: u64| ((t as u128 * to + from / 2) / from) as u64;
+        let mut out = Score::new(ticks_per_quarter);
+        out.notes = self
+            .notes
+            .iter()
+            .map(|n| {
+                let start = conv(n.start);
+                let end = conv(n.end());
+                Note {
+                    start,
+                    duration: end - start,
+                    ..*n
+                }
+            })
+            .collect();
+        out.tempos = self
+            .tempos
+            .iter()
+            .map(|t| TempoChange {
+                tick: conv(t.tick),
+                ..*t
+            })
+            .collect();
+        out.time_signatures = self
+            .time_signatures
+            .iter()
+            .map(|t| TimeSignature {
+                tick: conv(t.tick),
+                ..*t
+            })
+            .collect();
+        out
+    }
+
+    /// Bar start ticks covering `0..=end`, following the time-signature map
+    /// (4/4 before the first event). A signature change starts a new bar.
+    pub fn bar_ticks(&self, end: u64) -> Vec<u64> {
+        let tpq = self.ticks_per_quarter as u64;
+        let mut bars = Vec::new();
+        let mut sig = (4u64, 4u64);
+        let mut tick = 0u64;
+        let mut next = 0usize;
+        while tick <= end {
+            while next < self.time_signatures.len() && self.time_signatures[next].tick <= tick {
+                let ts = self.time_signatures[next];
+                sig = (ts.numerator.max(1) as u64, ts.denominator.max(1) as u64);
+                next += 1;
+            }
+            bars.push(tick);
+            let len = (tpq * 4 * sig.0 / sig.1).max(1);
+            let mut nt = tick + len;
+            if let Some(ts) = self.time_signatures.get(next) {
+                if ts.tick > tick && ts.tick < nt {
+                    nt = ts.tick;
+                }
+            }
+            tick = nt;
+        }
+        bars
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_follow_tempo_map() {
+        let mut s = Score::new(480);
+        s.tempos.push(TempoChange {
+            tick: 0,
+            us_per_quarter: 500_000,
+        });
+        s.tempos.push(TempoChange {
+            tick: 960,
+            us_per_quarter: 1_000_000,
+        });
+        assert!((s.tick_to_seconds(960) - 1.0).abs() < 1e-9);
+        assert!((s.tick_to_seconds(1440) - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bars_follow_time_signatures() {
+        let mut s = Score::new(4);
+        s.time_signatures.push(TimeSignature {
+            tick: 0,
+            numerator: 3,
+            denominator: 4,
+        });
+        s.time_signatures.push(TimeSignature {
+            tick: 24,
+            numerator: 6,
+            denominator: 8,
+        });
+        assert_eq!(s.bar_ticks(40), vec![0, 12, 24, 36]);
+    }
+
+    #[test]
+    fn rescale_keeps_note_ends() {
+        let mut s = Score::new(10_080);
+        s.notes.push(Note {
+            start: 10_080,
+            duration: 5_040,
+            pitch: 60,
+            velocity: 80,
+            program: 0,
+            channel: 0,
+            is_drum: false,
+        });
+        let r = s.rescaled(480);
+        assert_eq!((r.notes[0].start, r.notes[0].duration), (480, 240));
+    }
+}

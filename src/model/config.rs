@@ -1,0 +1,268 @@
+//! Model hyper-parameters, presets and validation.
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// How positions enter the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum PositionalEncoding {
+    /// Sinusoidal stochastic positional encoding (periodic kernel), `sines` = K, `realizations` = R.
+    SpeSine { sines: i64, realizations: i64, gated: bool, shared: bool },
+    /// Convolutional stochastic positional encoding (finite support kernel of length `kernel`).
+    SpeConv { kernel: i64, realizations: i64, gated: bool, shared: bool },
+    /// Additive sinusoidal absolute positional encoding (no maximum length).
+    Ape,
+    /// No positional information at all.
+    None,
+}
+
+impl PositionalEncoding {
+    pub fn is_spe(&self) -> bool {
+        matches!(self, PositionalEncoding::SpeSine { .. } | PositionalEncoding::SpeConv { .. })
+    }
+
+    /// Number of realizations R when SPE is on.
+    pub fn realizations(&self) -> Option<i64> {
+        match self {
+            PositionalEncoding::SpeSine { realizations, .. }
+            | PositionalEncoding::SpeConv { realizations, .. } => Some(*realizations),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            PositionalEncoding::SpeSine { .. } => "spe-sine",
+            PositionalEncoding::SpeConv { .. } => "spe-conv",
+            PositionalEncoding::Ape => "ape",
+            PositionalEncoding::None => "none",
+        }
+    }
+}
+
+/// Attention mechanism.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AttentionKind {
+    /// FAVOR+ linear attention with `features` positive orthogonal random features.
+    Favor { features: i64, antithetic: bool, redraw_prob: f64 },
+    /// Exact causal softmax attention (reference; quadratic in the length).
+    Softmax,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub vocab_size: i64,
+    pub d_model: i64,
+    pub n_layers: i64,
+    pub n_heads: i64,
+    pub d_ff: i64,
+    pub dropout: f64,
+    pub positional: PositionalEncoding,
+    pub attention: AttentionKind,
+    /// Chunk length of the chunked causal linear attention (a pure speed/memory knob).
+    pub chunk_size: i64,
+    pub tie_embeddings: bool,
+}
+
+/// Names accepted by [`ModelConfig::preset`].
+pub const PRESETS: &[&str] = &["tiny", "small", "base"];
+/// Names accepted by [`ModelConfig::with_positional`].
+pub const POSITIONALS: &[&str] = &["spe-sine", "spe-conv", "ape", "none"];
+
+/// (sines K, realizations R, conv kernel) defaults of a preset.
+struct SpeDefaults {
+    sines: i64,
+    realizations: i64,
+    kernel: i64,
+}
+
+impl ModelConfig {
+    /// `tiny` (tests), `small` (a CPU-trainable model), `base` (the SPE paper's pop-piano model).
+    /// All use FAVOR+ attention and gated, shared SineSPE.
+    pub fn preset(name: &str, vocab_size: i64) -> Result<ModelConfig> {
+        let (d_model, n_layers, n_heads, d_ff, features, dropout, chunk) = match name {
+            "tiny" => (64, 2, 4, 128, 32, 0.0, 64),
+            "small" => (256, 4, 4, 1024, 64, 0.1, 128),
+            "base" => (512, 24, 8, 2048, 128, 0.1, 128),
+            other => bail!("unknown model preset {other:?}; valid presets: {}", PRESETS.join(", ")),
+        };
+        let d = Self::spe_defaults_for(d_model, n_layers);
+        let cfg = ModelConfig {
+            vocab_size,
+            d_model,
+            n_layers,
+            n_heads,
+            d_ff,
+            dropout,
+            positional: PositionalEncoding::SpeSine {
+                sines: d.sines,
+                realizations: d.realizations,
+                gated: true,
+                shared: true,
+            },
+            attention: AttentionKind::Favor { features, antithetic: false, redraw_prob: 0.05 },
+            chunk_size: chunk,
+            tie_embeddings: true,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn spe_defaults_for(d_model: i64, n_layers: i64) -> SpeDefaults {
+        match (d_model, n_layers) {
+            (64, 2) => SpeDefaults { sines: 5, realizations: 16, kernel: 16 },
+            (256, 4) => SpeDefaults { sines: 5, realizations: 32, kernel: 64 },
+            (512, 24) => SpeDefaults { sines: 5, realizations: 64, kernel: 128 },
+            _ if d_model <= 64 => SpeDefaults { sines: 5, realizations: 16, kernel: 16 },
+            _ if d_model <= 256 => SpeDefaults { sines: 5, realizations: 32, kernel: 64 },
+            _ => SpeDefaults { sines: 5, realizations: 64, kernel: 128 },
+        }
+    }
+
+    /// Switches the positional encoding by name ("spe-sine" | "spe-conv" | "ape" | "none").
+    /// R, gated and shared are kept from the current SPE setting when there is one; K and the
+    /// conv kernel length come from the current setting or else from the preset matching the size.
+    pub fn with_positional(mut self, name: &str) -> Result<ModelConfig> {
+        let d = Self::spe_defaults_for(self.d_model, self.n_layers);
+        let (mut sines, mut realizations, mut kernel, mut gated, mut shared) =
+            (d.sines, d.realizations, d.kernel, true, true);
+        match &self.positional {
+            PositionalEncoding::SpeSine { sines: k, realizations: r, gated: g, shared: s } => {
+                sines = *k;
+                realizations = *r;
+                gated = *g;
+                shared = *s;
+            }
+            PositionalEncoding::SpeConv { kernel: k, realizations: r, gated: g, shared: s } => {
+                kernel = *k;
+                realizations = *r;
+                gated = *g;
+                shared = *s;
+            }
+            _ => {}
+        }
+        self.positional = match name {
+            "spe-sine" => PositionalEncoding::SpeSine { sines, realizations, gated, shared },
+            "spe-conv" => PositionalEncoding::SpeConv { kernel, realizations, gated, shared },
+            "ape" => PositionalEncoding::Ape,
+            "none" => PositionalEncoding::None,
+            other => bail!(
+                "unknown positional encoding {other:?}; valid ones: {}",
+                POSITIONALS.join(", ")
+            ),
+        };
+        Ok(self)
+    }
+
+    /// Per-head dimension of queries, keys and values.
+    pub fn head_dim(&self) -> i64 {
+        self.d_model / self.n_heads
+    }
+
+    /// Dimension of queries/keys as they enter the attention (R with SPE, head dim otherwise).
+    pub fn qk_dim(&self) -> i64 {
+        self.positional.realizations().unwrap_or_else(|| self.head_dim())
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let pos = |name: &str, v: i64| -> Result<()> {
+            if v <= 0 {
+                bail!("model config: {name} must be positive (got {v})");
+            }
+            Ok(())
+        };
+        pos("vocab_size", self.vocab_size)?;
+        pos("d_model", self.d_model)?;
+        pos("n_layers", self.n_layers)?;
+        pos("n_heads", self.n_heads)?;
+        pos("d_ff", self.d_ff)?;
+        pos("chunk_size", self.chunk_size)?;
+        if self.d_model % self.n_heads != 0 {
+            bail!(
+                "model config: d_model ({}) must be divisible by n_heads ({})",
+                self.d_model,
+                self.n_heads
+            );
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            bail!("model config: dropout must be in [0, 1) (got {})", self.dropout);
+        }
+        match &self.positional {
+            PositionalEncoding::SpeSine { sines, realizations, .. } => {
+                pos("positional.sines", *sines)?;
+                pos("positional.realizations", *realizations)?;
+            }
+            PositionalEncoding::SpeConv { kernel, realizations, .. } => {
+                pos("positional.kernel", *kernel)?;
+                pos("positional.realizations", *realizations)?;
+            }
+            PositionalEncoding::Ape | PositionalEncoding::None => {}
+        }
+        if let AttentionKind::Favor { features, antithetic, redraw_prob } = &self.attention {
+            pos("attention.features", *features)?;
+            if *antithetic && features % 2 != 0 {
+                bail!("model config: antithetic FAVOR+ needs an even number of features (got {features})");
+            }
+            if !(0.0..=1.0).contains(redraw_prob) {
+                bail!("model config: attention.redraw_prob must be in [0, 1] (got {redraw_prob})");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_validate_and_unknown_lists_valid() {
+        for p in PRESETS {
+            let c = ModelConfig::preset(p, 333).unwrap();
+            c.validate().unwrap();
+        }
+        let base = ModelConfig::preset("base", 333).unwrap();
+        assert_eq!((base.n_layers, base.d_model, base.n_heads, base.d_ff), (24, 512, 8, 2048));
+        let err = ModelConfig::preset("huge", 10).unwrap_err().to_string();
+        assert!(err.contains("tiny") && err.contains("small") && err.contains("base"), "{err}");
+    }
+
+    #[test]
+    fn with_positional_keeps_r_and_kernel() {
+        let c = ModelConfig::preset("small", 100).unwrap();
+        let conv = c.clone().with_positional("spe-conv").unwrap();
+        assert_eq!(
+            conv.positional,
+            PositionalEncoding::SpeConv { kernel: 64, realizations: 32, gated: true, shared: true }
+        );
+        let back = conv.with_positional("ape").unwrap().with_positional("spe-sine").unwrap();
+        assert_eq!(back.positional, c.positional);
+        assert!(c.with_positional("rope").unwrap_err().to_string().contains("spe-conv"));
+    }
+
+    #[test]
+    fn validate_messages() {
+        let mut c = ModelConfig::preset("tiny", 50).unwrap();
+        c.n_heads = 3;
+        assert!(c.validate().unwrap_err().to_string().contains("divisible"));
+        let mut c = ModelConfig::preset("tiny", 50).unwrap();
+        c.vocab_size = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
+        let mut c = ModelConfig::preset("tiny", 50).unwrap();
+        c.attention = AttentionKind::Favor { features: 7, antithetic: true, redraw_prob: 0.0 };
+        assert!(c.validate().unwrap_err().to_string().contains("even"));
+    }
+
+    #[test]
+    fn serde_roundtrip_and_tags() {
+        let c = ModelConfig::preset("tiny", 50).unwrap().with_positional("spe-conv").unwrap();
+        let s = serde_json::to_string(&c).unwrap();
+        assert!(s.contains("\"kind\":\"spe-conv\"") && s.contains("\"kind\":\"favor\""), "{s}");
+        let back: ModelConfig = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, c);
+        let a: PositionalEncoding = serde_json::from_str(r#"{"kind":"ape"}"#).unwrap();
+        assert_eq!(a, PositionalEncoding::Ape);
+    }
+}

@@ -1,0 +1,253 @@
+//! FAVOR+ (Performer) positive orthogonal random features and causal linear attention
+//! (chunked parallel form and recurrent form). Everything here runs in f32.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::model::noise;
+
+/// Denominator epsilon.
+pub const EPS: f64 = 1e-6;
+
+/// Random projection of a FAVOR+ layer.
+#[derive(Debug)]
+pub struct FavorFeatures {
+    /// (n_dirs, dim) f32: orthogonal blocks with chi-distributed row norms.
+    pub proj: Tensor,
+    pub antithetic: bool,
+}
+
+impl FavorFeatures {
+    /// Total number of features M.
+    pub fn num_features(&self) -> i64 {
+        let n = self.proj.size()[0];
+        if self.antithetic {
+            2 * n
+        } else {
+            n
+        }
+    }
+
+    /// Projection directions for `features` M features (M/2 directions when antithetic).
+    fn dirs(features: i64, antithetic: bool) -> i64 {
+        if antithetic {
+            features / 2
+        } else {
+            features
+        }
+    }
+
+    /// Draws with torch's global RNG (training).
+    pub fn draw(features: i64, dim: i64, antithetic: bool, device: Device) -> FavorFeatures {
+        let n = Self::dirs(features, antithetic);
+        let blocks = (n + dim - 1) / dim;
+        let g = Tensor::randn([blocks, dim, dim], (Kind::Double, device));
+        let chi = Tensor::randn([n, dim], (Kind::Double, device));
+        FavorFeatures { proj: orthogonal_rows(&g, &chi, n), antithetic }
+    }
+
+    /// Deterministic draw from (seed, layer).
+    pub fn seeded(seed: u64, layer: u64, features: i64, dim: i64, antithetic: bool, device: Device) -> FavorFeatures {
+        let n = Self::dirs(features, antithetic);
+        let blocks = (n + dim - 1) / dim;
+        let g = noise::keyed_randn(seed, noise::TAG_FAVOR, layer, 0, &[blocks, dim, dim], Device::Cpu)
+            .to_kind(Kind::Double);
+        let chi = noise::keyed_randn(seed, noise::TAG_FAVOR, layer, 1, &[n, dim], Device::Cpu)
+            .to_kind(Kind::Double);
+        FavorFeatures { proj: orthogonal_rows(&g, &chi, n).to_device(device), antithetic }
+    }
+
+    /// phi(x) for x (..., dim) (already scaled by dim^(-1/4)); returns (..., M) f32.
+    /// `query`: subtract the per-token max over features (exact: cancels in the ratio).
+    /// Keys are not stabilized (a max over the sequence would leak the future).
+    pub fn features(&self, x: &Tensor, query: bool) -> Tensor {
+        let x = x.to_kind(Kind::Float);
+        let u = x.matmul(&self.proj.tr());
+        let sq = x.square().sum_dim_intlist([-1i64].as_slice(), true, None) / 2.0;
+        let mut logits = if self.antithetic {
+            Tensor::cat(&[&u - &sq, -&u - &sq], -1)
+        } else {
+            u - sq
+        };
+        if query {
+            logits = &logits - logits.amax([-1i64].as_slice(), true).detach();
+        }
+        logits.exp() / (self.num_features() as f64).sqrt()
+    }
+}
+
+/// Rows of orthogonal blocks (QR of Gaussian blocks), rescaled by chi norms (row norms of `chi`).
+fn orthogonal_rows(g: &Tensor, chi: &Tensor, n: i64) -> Tensor {
+    let (q, _) = Tensor::linalg_qr(g, "reduced"); // (blocks, dim, dim), orthonormal columns
+    let dim = g.size()[1];
+    let rows = q.transpose(-1, -2).reshape([-1, dim]).narrow(0, 0, n);
+    let norms = chi.square().sum_dim_intlist([-1i64].as_slice(), true, None).sqrt();
+    (rows * norms).to_kind(Kind::Float)
+}
+
+/// Causal linear attention, chunked parallel form.
+/// phi_q, phi_k: (B, H, L, M) f32; v: (B, H, L, Dv) f32; optional carried state
+/// s0 (B, H, M, Dv), z0 (B, H, M). Returns (out (B, H, L, Dv), s_end, z_end).
+/// Inside a chunk: masked (phi_q phi_k^T) v; across chunks: exclusive prefix sums of the
+/// per-chunk phi_k^T v (B, H, n_chunks, M, Dv). Never builds (B, H, L, M, Dv).
+pub fn causal_linear_attention(
+    phi_q: &Tensor,
+    phi_k: &Tensor,
+    v: &Tensor,
+    chunk: i64,
+    state: Option<(&Tensor, &Tensor)>,
+) -> (Tensor, Tensor, Tensor) {
+    let s = phi_q.size();
+    let (b, h, l, m) = (s[0], s[1], s[2], s[3]);
+    let dv = v.size()[3];
+    let dev = phi_q.device();
+    let c = chunk.min(l).max(1);
+    let n = (l + c - 1) / c;
+    let pad = n * c - l;
+    let padf = |t: &Tensor| if pad > 0 { t.constant_pad_nd([0, 0, 0, pad]) } else { t.shallow_clone() };
+    let q = padf(phi_q).reshape([b, h, n, c, m]);
+    let k = padf(phi_k).reshape([b, h, n, c, m]);
+    let vv = padf(v).reshape([b, h, n, c, dv]);
+    let mask = Tensor::ones([c, c], (Kind::Float, dev)).tril(0);
+    let a = q.matmul(&k.transpose(-1, -2)) * mask; // (B, H, n, C, C)
+    let mut num = a.matmul(&vv);
+    let mut den = a.sum_dim_intlist([-1i64].as_slice(), true, None);
+    let kv = k.transpose(-1, -2).matmul(&vv); // (B, H, n, M, Dv)
+    let ks = k.sum_dim_intlist([-2i64].as_slice(), false, None); // (B, H, n, M)
+    let kv_cum = kv.cumsum(2, None);
+    let ks_cum = ks.cumsum(2, None);
+    let mut s_prev = Tensor::cat(&[Tensor::zeros([b, h, 1, m, dv], (Kind::Float, dev)), kv_cum.narrow(2, 0, n - 1)], 2);
+    let mut z_prev = Tensor::cat(&[Tensor::zeros([b, h, 1, m], (Kind::Float, dev)), ks_cum.narrow(2, 0, n - 1)], 2);
+    let mut s_end = kv_cum.select(2, n - 1);
+    let mut z_end = ks_cum.select(2, n - 1);
+    if let Some((s0, z0)) = state {
+        s_prev = s_prev + s0.unsqueeze(2);
+        z_prev = z_prev + z0.unsqueeze(2);
+        s_end = s_end + s0;
+        z_end = z_end + z0;
+    }
+    num = num + q.matmul(&s_prev);
+    den = den + q.matmul(&z_prev.unsqueeze(-1));
+    let out = (num / (den + EPS)).reshape([b, h, n * c, dv]).narrow(2, 0, l);
+    (out, s_end, z_end)
+}
+
+/// One recurrent step: phi_q, phi_k (B, H, M), v (B, H, Dv); updates s (B, H, M, Dv), z (B, H, M)
+/// in place-free fashion and returns (out (B, H, Dv), s', z').
+pub fn recurrent_step(phi_q: &Tensor, phi_k: &Tensor, v: &Tensor, s: &Tensor, z: &Tensor) -> (Tensor, Tensor, Tensor) {
+    let s = s + phi_k.unsqueeze(-1) * v.unsqueeze(-2);
+    let z = z + phi_k;
+    let num = phi_q.unsqueeze(-2).matmul(&s).squeeze_dim(-2);
+    let den = (phi_q * &z).sum_dim_intlist([-1i64].as_slice(), true, None);
+    (num / (den + EPS), s, z)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rel(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-30)
+    }
+
+    #[test]
+    fn favor_orthogonal_blocks() {
+        let f = FavorFeatures::seeded(1, 0, 20, 8, false, Device::Cpu);
+        let p = f.proj.to_kind(Kind::Double);
+        assert_eq!(p.size(), [20, 8]);
+        // rows within a block are orthogonal
+        let b = p.narrow(0, 0, 8);
+        let gram = b.matmul(&b.tr());
+        let off = &gram - gram.diagonal(0, 0, 1).diag_embed(0, -2, -1);
+        assert!(off.abs().max().double_value(&[]) < 1e-4, "not orthogonal");
+        // same seed, same features; other seed differs
+        let f2 = FavorFeatures::seeded(1, 0, 20, 8, false, Device::Cpu);
+        assert_eq!(f.proj, f2.proj);
+        assert_ne!(f.proj, FavorFeatures::seeded(2, 0, 20, 8, false, Device::Cpu).proj);
+    }
+
+    #[test]
+    fn favor_kernel_estimate_is_unbiased() {
+        // mean over redraws of phi(q).phi(k) (no query stabilizer) ~ exp(q.k)
+        tch::manual_seed(5);
+        let dim = 8;
+        let x = Tensor::randn([6, dim], (Kind::Float, Device::Cpu)) * 0.4;
+        let y = Tensor::randn([6, dim], (Kind::Float, Device::Cpu)) * 0.4;
+        let exact = (&x * &y).sum_dim_intlist([-1i64].as_slice(), false, None).exp();
+        for anti in [false, true] {
+            let mut acc = exact.zeros_like();
+            let draws = 200;
+            for i in 0..draws {
+                let f = FavorFeatures::seeded(9, i, 64, dim, anti, Device::Cpu);
+                acc += (f.features(&x, false) * f.features(&y, false)).sum_dim_intlist([-1i64].as_slice(), false, None);
+            }
+            let est = acc / draws as f64;
+            let e = rel(&est, &exact);
+            assert!(e < 0.03, "antithetic={anti}: relative error {e}");
+        }
+    }
+
+    #[test]
+    fn favor_attention_approximates_softmax() {
+        tch::manual_seed(6);
+        let (b, h, l, d) = (1, 2, 24, 16);
+        let q = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu)) * 0.5;
+        let k = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu)) * 0.5;
+        let v = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu));
+        let scores = q.matmul(&k.transpose(-1, -2)) / (d as f64).sqrt();
+        let mask = Tensor::ones([l, l], (Kind::Bool, Device::Cpu)).triu(1);
+        let exact = scores.masked_fill(&mask, f64::NEG_INFINITY).softmax(-1, None).matmul(&v);
+        let f = FavorFeatures::seeded(3, 0, 4096, d, true, Device::Cpu);
+        let sc = (d as f64).powf(-0.25);
+        let (out, _, _) = causal_linear_attention(&f.features(&(&q * sc), true), &f.features(&(&k * sc), false), &v, 8, None);
+        let e = (&out - &exact).norm().double_value(&[]) / exact.norm().double_value(&[]);
+        assert!(e < 0.05, "FAVOR+ vs softmax relative error {e}");
+    }
+
+    #[test]
+    fn favor_stabilizer_does_not_leak_future() {
+        // Future keys aligned with a projection row give huge feature values; a key-side max over
+        // the sequence would rescale (and with eps, change) the past outputs.
+        tch::manual_seed(7);
+        let (b, h, l, d, t) = (1, 1, 32, 64, 20);
+        let f = FavorFeatures::seeded(4, 0, 64, d, false, Device::Cpu);
+        let q = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu)) * 0.3;
+        let k = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu)) * 0.3;
+        let v = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu));
+        let (o1, _, _) = causal_linear_attention(&f.features(&q, true), &f.features(&k, false), &v, 8, None);
+        let k2 = k.copy();
+        let big = f.proj.get(0).view([1, 1, 1, d]).expand([b, h, l - t, d], false);
+        k2.narrow(2, t, l - t).copy_(&big);
+        let v2 = v.copy();
+        v2.narrow(2, t, l - t).fill_(100.0);
+        let (o2, _, _) = causal_linear_attention(&f.features(&q, true), &f.features(&k2, false), &v2, 8, None);
+        let e = rel(&o2.narrow(2, 0, t), &o1.narrow(2, 0, t));
+        assert!(e < 1e-6, "past outputs changed: {e}");
+        assert!(rel(&o2, &o1) > 1e-2, "the test perturbation had no effect");
+    }
+
+    #[test]
+    fn favor_chunked_equals_recurrent_and_chunk_invariant() {
+        tch::manual_seed(8);
+        let (b, h, l, m, dv) = (2, 3, 37, 16, 5);
+        let pq = Tensor::rand([b, h, l, m], (Kind::Float, Device::Cpu));
+        let pk = Tensor::rand([b, h, l, m], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([b, h, l, dv], (Kind::Float, Device::Cpu));
+        let (o_ref, s_ref, z_ref) = causal_linear_attention(&pq, &pk, &v, 64, None);
+        for c in [1, 5, 8, 37] {
+            let (o, s, z) = causal_linear_attention(&pq, &pk, &v, c, None);
+            assert!(rel(&o, &o_ref) < 1e-5 && rel(&s, &s_ref) < 1e-5 && rel(&z, &z_ref) < 1e-5, "chunk {c}");
+        }
+        let mut s = Tensor::zeros([b, h, m, dv], (Kind::Float, Device::Cpu));
+        let mut z = Tensor::zeros([b, h, m], (Kind::Float, Device::Cpu));
+        for i in 0..l {
+            let (o, s2, z2) = recurrent_step(&pq.select(2, i), &pk.select(2, i), &v.select(2, i), &s, &z);
+            assert!(rel(&o, &o_ref.select(2, i)) < 1e-5, "step {i}");
+            s = s2;
+            z = z2;
+        }
+        // split into a carried prefix and a suffix
+        let (_, s1, z1) = causal_linear_attention(&pq.narrow(2, 0, 10), &pk.narrow(2, 0, 10), &v.narrow(2, 0, 10), 4, None);
+        let (o2, _, _) = causal_linear_attention(&pq.narrow(2, 10, l - 10), &pk.narrow(2, 10, l - 10), &v.narrow(2, 10, l - 10), 4, Some((&s1, &z1)));
+        assert!(rel(&o2, &o_ref.narrow(2, 10, l - 10)) < 1e-5);
+    }
+}

@@ -1,0 +1,416 @@
+//! Stochastic Positional Encoding (Liutkus et al., 2021): SineSPE, ConvSPE and the gated filter.
+//!
+//! Layout conventions: a *code* for a window of L positions is a pair (qbar, kbar) of
+//! (L, H, D, R) tensors (no batch dimension: noise is shared across the batch). Queries and
+//! keys are (B, L, H, D); after the filter they are (B, H, L, R).
+
+use std::f64::consts::PI;
+
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::model::noise;
+
+/// Periodic SPE: learned sines per (head, feature).
+#[derive(Debug)]
+pub struct SineSpe {
+    /// (H, D, K): frequency logits; f = sigmoid(freqs) / 2 cycles per position.
+    pub freqs: Tensor,
+    /// (H, D, K): phase offsets (query side only).
+    pub offsets: Tensor,
+    /// (H, D, K): gain logits; amplitude softplus(gains).
+    pub gains: Tensor,
+    pub heads: i64,
+    pub dim: i64,
+    pub sines: i64,
+    pub realizations: i64,
+}
+
+impl SineSpe {
+    pub fn new(p: &nn::Path, heads: i64, dim: i64, sines: i64, realizations: i64) -> SineSpe {
+        let shape = [heads, dim, sines];
+        let freqs = p.var("freqs", &shape, nn::Init::Randn { mean: -4.0, stdev: 1.0 });
+        let offsets = p.var("offsets", &shape, nn::Init::Randn { mean: 0.0, stdev: 1.0 });
+        let gains = p.var("gains", &shape, nn::Init::Randn { mean: 0.0, stdev: 1.0 });
+        // gains rescaled by 2 / sqrt(||gains||_2 over K)
+        tch::no_grad(|| {
+            let norm = gains.square().sum_dim_intlist([-1i64].as_slice(), true, None).sqrt();
+            let scaled = &gains * 2.0 / norm.sqrt();
+            let mut g = gains.shallow_clone();
+            g.copy_(&scaled);
+        });
+        SineSpe { freqs, offsets, gains, heads, dim, sines, realizations }
+    }
+
+    /// Z ~ N(0,1)/sqrt(2K), shape (H, D, 2K, R), drawn from torch's global RNG.
+    pub fn draw_z(&self) -> Tensor {
+        let opts = (self.freqs.kind(), self.freqs.device());
+        Tensor::randn([self.heads, self.dim, 2 * self.sines, self.realizations], opts)
+            / ((2 * self.sines) as f64).sqrt()
+    }
+
+    /// Deterministic Z for (seed, code index).
+    pub fn frozen_z(&self, seed: u64, code: u64) -> Tensor {
+        let shape = [self.heads, self.dim, 2 * self.sines, self.realizations];
+        noise::keyed_randn(seed, noise::TAG_SINE_Z, code, 0, &shape, self.freqs.device())
+            .to_kind(self.freqs.kind())
+            / ((2 * self.sines) as f64).sqrt()
+    }
+
+    /// Frequencies in cycles per position, (H, D, K).
+    pub fn frequencies(&self) -> Tensor {
+        self.freqs.sigmoid() / 2.0
+    }
+
+    /// The implied kernel P_d(delta) for each delta: (n_delta, H, D), in the params' kind.
+    pub fn kernel(&self, deltas: &[i64]) -> Tensor {
+        let dev = self.freqs.device();
+        let f = self.frequencies().to_kind(Kind::Double);
+        let th = self.offsets.to_kind(Kind::Double);
+        let g2 = self.gains.to_kind(Kind::Double).softplus().square();
+        let dl: Vec<f64> = deltas.iter().map(|&d| d as f64).collect();
+        let dl = Tensor::from_slice(&dl).to_device(dev).view([-1, 1, 1, 1]);
+        let ph = f.unsqueeze(0) * dl * (2.0 * PI) + th.unsqueeze(0);
+        (ph.cos() * g2.unsqueeze(0)).sum_dim_intlist([-1i64].as_slice(), false, None)
+            / (2 * self.sines) as f64
+    }
+
+    /// Codes for positions start..start+len with noise z (H, D, 2K, R): (qbar, kbar), each (L, H, D, R).
+    pub fn codes(&self, start: i64, len: i64, z: &Tensor) -> (Tensor, Tensor) {
+        let dev = self.freqs.device();
+        let kind = self.freqs.kind();
+        let (h, d, k, r) = (self.heads, self.dim, self.sines, self.realizations);
+        // phases in f64 so that large positions keep their precision
+        let f = self.frequencies().to_kind(Kind::Double);
+        let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).view([-1, 1, 1, 1]);
+        let kph = f.unsqueeze(0) * pos * (2.0 * PI); // (L, H, D, K)
+        let qph = &kph + self.offsets.to_kind(Kind::Double).unsqueeze(0);
+        // interleaved [cos_0, sin_0, cos_1, sin_1, ...]
+        let omega = |ph: &Tensor| {
+            Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([len, h, d, 2 * k]).to_kind(kind)
+        };
+        let oq = omega(&qph);
+        let ok = omega(&kph);
+        // softplus(gains) duplicated in the same interleaved order
+        let g = self.gains.softplus();
+        let g = Tensor::stack(&[&g, &g], -1).reshape([h, d, 2 * k, 1]);
+        let zg = z * g; // (H, D, 2K, R)
+        let scale = ((r * d) as f64).powf(-0.25);
+        let mk = |o: Tensor| -> Tensor {
+            // (H, D, L, 2K) x (H, D, 2K, R) -> (H, D, L, R) -> (L, H, D, R)
+            o.permute([1, 2, 0, 3]).matmul(&zg).permute([2, 0, 1, 3]).contiguous() * scale
+        };
+        (mk(oq), mk(ok))
+    }
+}
+
+/// Finite-support SPE: two depthwise filters over the same white noise.
+#[derive(Debug)]
+pub struct ConvSpe {
+    /// (H, D, k) query filter.
+    pub filter_q: Tensor,
+    /// (H, D, k) key filter.
+    pub filter_k: Tensor,
+    pub heads: i64,
+    pub dim: i64,
+    pub kernel: i64,
+    pub realizations: i64,
+}
+
+impl ConvSpe {
+    pub fn new(p: &nn::Path, heads: i64, dim: i64, kernel: i64, realizations: i64) -> ConvSpe {
+        let up = 1.0 / (kernel as f64 / 2.0).sqrt();
+        let shape = [heads, dim, kernel];
+        let filter_q = p.var("filter_q", &shape, nn::Init::Uniform { lo: 0.0, up });
+        let filter_k = p.var("filter_k", &shape, nn::Init::Uniform { lo: 0.0, up });
+        ConvSpe { filter_q, filter_k, heads, dim, kernel, realizations }
+    }
+
+    /// Shape of one noise column (one position).
+    pub fn column_shape(&self) -> [i64; 3] {
+        [self.heads, self.dim, self.realizations]
+    }
+
+    /// Training noise for a window of `len` positions: (len + k - 1, H, D, R) from torch's RNG.
+    pub fn draw_noise(&self, len: i64) -> Tensor {
+        let opts = (self.filter_q.kind(), self.filter_q.device());
+        Tensor::randn([len + self.kernel - 1, self.heads, self.dim, self.realizations], opts)
+    }
+
+    /// Frozen noise for positions start-k+1 .. start+len-1 (len + k - 1 columns).
+    pub fn frozen_noise(&self, seed: u64, code: u64, start: i64, len: i64) -> Tensor {
+        noise::conv_noise_columns(
+            seed,
+            code,
+            start - self.kernel + 1,
+            len + self.kernel - 1,
+            &self.column_shape(),
+            self.filter_q.device(),
+            self.filter_q.kind(),
+        )
+    }
+
+    /// Implied kernel P_d(delta) = sum_j fq[j] fk[j + delta]: (n_delta, H, D).
+    pub fn kernel(&self, deltas: &[i64]) -> Tensor {
+        let k = self.kernel;
+        let out: Vec<Tensor> = deltas
+            .iter()
+            .map(|&dl| {
+                if dl.abs() >= k {
+                    return self.filter_q.select(2, 0).zeros_like();
+                }
+                let n = k - dl.abs();
+                let (qs, ks) = if dl >= 0 { (0, dl) } else { (-dl, 0) };
+                (self.filter_q.narrow(2, qs, n) * self.filter_k.narrow(2, ks, n)).sum_dim_intlist(
+                    [-1i64].as_slice(),
+                    false,
+                    None,
+                )
+            })
+            .collect();
+        Tensor::stack(&out, 0)
+    }
+
+    /// Codes from a noise window (L + k - 1, H, D, R): position m (window index t) is
+    /// sum_j f[j] noise[t + j], i.e. noise of positions m-k+1 ..= m. Returns (qbar, kbar), (L, H, D, R).
+    pub fn codes_from_noise(&self, noise: &Tensor) -> (Tensor, Tensor) {
+        let (h, d, k, r) = (self.heads, self.dim, self.kernel, self.realizations);
+        let lw = noise.size()[0];
+        let len = lw - k + 1;
+        let x = noise.permute([3, 1, 2, 0]).reshape([r, h * d, lw]);
+        let scale = ((r * d) as f64).powf(-0.25);
+        let mk = |f: &Tensor| -> Tensor {
+            let w = f.reshape([h * d, 1, k]);
+            x.conv1d::<Tensor>(&w, None, [1i64].as_slice(), [0i64].as_slice(), [1i64].as_slice(), h * d)
+                .permute([2, 1, 0])
+                .reshape([len, h, d, r])
+                * scale
+        };
+        (mk(&self.filter_q), mk(&self.filter_k))
+    }
+
+    /// Code of the single position m from a ring buffer (k, H, D, R) whose slot p mod k holds the
+    /// noise column of position p for p in m-k+1 ..= m. Returns (qbar, kbar), each (1, H, D, R).
+    pub fn codes_from_ring(&self, ring: &Tensor, m: i64) -> (Tensor, Tensor) {
+        let k = self.kernel;
+        let shift = (m + 1).rem_euclid(k);
+        let rr = ring.permute([1, 2, 0, 3]); // (H, D, k, R)
+        let scale = ((self.realizations * self.dim) as f64).powf(-0.25);
+        let mk = |f: &Tensor| -> Tensor {
+            let fr = f.roll([shift].as_slice(), [2i64].as_slice()).unsqueeze(2); // (H, D, 1, k)
+            fr.matmul(&rr).permute([2, 0, 1, 3]) * scale // (1, H, D, R)
+        };
+        (mk(&self.filter_q), mk(&self.filter_k))
+    }
+}
+
+/// One positional code generator (shared by all layers or owned by one).
+#[derive(Debug)]
+pub enum SpeCode {
+    Sine(SineSpe),
+    Conv(ConvSpe),
+}
+
+/// xi ~ N(0,1)/(D R)^(1/4), (H, D, R), from torch's global RNG.
+pub fn draw_xi(heads: i64, dim: i64, realizations: i64, kind: Kind, device: Device) -> Tensor {
+    Tensor::randn([heads, dim, realizations], (kind, device)) * ((dim * realizations) as f64).powf(-0.25)
+}
+
+/// Deterministic xi for (seed, layer).
+pub fn frozen_xi(seed: u64, layer: u64, heads: i64, dim: i64, realizations: i64, device: Device) -> Tensor {
+    noise::keyed_randn(seed, noise::TAG_GATE_XI, layer, 0, &[heads, dim, realizations], device)
+        * ((dim * realizations) as f64).powf(-0.25)
+}
+
+/// The SPE filter: (B, L, H, D) queries or keys -> (B, H, L, R).
+/// With a gate (H, D) and its xi (H, D, R): Qf = sqrt(1-g) Qbar + sqrt(g) xi, g = sigmoid(gate);
+/// result[b, h, m, r] = sum_d q[b, m, h, d] Qf[m, h, d, r], computed without materializing
+/// (B, L, H, D, R): one batched matmul over (L, H) with the shared code and one with xi.
+pub fn spe_filter(x: &Tensor, code: &Tensor, gate: Option<(&Tensor, &Tensor)>) -> Tensor {
+    match gate {
+        None => x.permute([1, 2, 0, 3]).matmul(code).permute([2, 1, 0, 3]),
+        Some((gate, xi)) => {
+            let g = gate.sigmoid();
+            let a = (1.0 - &g).sqrt();
+            let b = g.sqrt();
+            let t1 = (x * a).permute([1, 2, 0, 3]).matmul(code).permute([2, 1, 0, 3]);
+            let t2 = (x * b).permute([0, 2, 1, 3]).matmul(xi);
+            t1 + t2
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::{Distribution, StandardNormal};
+
+    fn randn64(rng: &mut ChaCha8Rng, shape: &[i64]) -> Tensor {
+        let n: i64 = shape.iter().product();
+        let v: Vec<f64> = (0..n).map(|_| StandardNormal.sample(rng)).collect();
+        Tensor::from_slice(&v).reshape(shape)
+    }
+
+    const H: i64 = 2;
+    const D: i64 = 4;
+    const R: i64 = 8;
+    const DRAWS: usize = 3000;
+    /// (m, n) pairs, both positions in a window starting at START.
+    const START: i64 = 100;
+    const PAIRS: [(i64, i64); 8] = [(0, 0), (3, 1), (5, 0), (2, 6), (7, 7), (9, 2), (1, 8), (6, 4)];
+
+    /// Monte Carlo mean of qhat_m . khat_n for each head and pair vs the identity
+    /// sqrt(R/D) sum_d q_d k_d [(1-g_d) P_d(m-n) + g_d]. Returns the relative error.
+    fn mc_check(
+        mut codes: impl FnMut(&mut ChaCha8Rng) -> (Tensor, Tensor),
+        kernel: &Tensor,
+        gate: Option<&Tensor>,
+        seed: u64,
+    ) -> f64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let len = 10;
+        // positive-leaning q and k so the target has no cancellations
+        let q = randn64(&mut rng, &[1, len, H, D]).abs() + 0.5;
+        let k = randn64(&mut rng, &[1, len, H, D]).abs() + 0.5;
+        let mut acc = Tensor::zeros([PAIRS.len() as i64, H], (Kind::Double, Device::Cpu));
+        for _ in 0..DRAWS {
+            let (qb, kb) = codes(&mut rng);
+            let xi = randn64(&mut rng, &[H, D, R]) * ((D * R) as f64).powf(-0.25);
+            let qh = spe_filter(&q, &qb, gate.map(|g| (g, &xi))); // (1, H, L, R)
+            let kh = spe_filter(&k, &kb, gate.map(|g| (g, &xi)));
+            let dots: Vec<Tensor> = PAIRS
+                .iter()
+                .map(|&(m, n)| (qh.select(2, m) * kh.select(2, n)).sum_dim_intlist([-1i64].as_slice(), false, None).squeeze_dim(0))
+                .collect();
+            acc += Tensor::stack(&dots, 0);
+        }
+        let est = acc / DRAWS as f64;
+        // theory
+        let g = match gate {
+            Some(g) => g.sigmoid(),
+            None => Tensor::zeros([H, D], (Kind::Double, Device::Cpu)),
+        };
+        let th: Vec<Tensor> = PAIRS
+            .iter()
+            .enumerate()
+            .map(|(i, &(m, n))| {
+                let p = kernel.select(0, i as i64); // (H, D)
+                let qk = q.select(1, m).squeeze_dim(0) * k.select(1, n).squeeze_dim(0);
+                let w: Tensor = (1.0 - &g) * p + &g;
+                (qk * w).sum_dim_intlist([-1i64].as_slice(), false, None) * ((R as f64) / D as f64).sqrt()
+            })
+            .collect();
+        let th = Tensor::stack(&th, 0);
+        let err = (&est - &th).norm().double_value(&[]) / th.norm().double_value(&[]);
+        eprintln!("est {est:?}\nth {th:?}\nrel err {err}");
+        err
+    }
+
+    fn deltas() -> Vec<i64> {
+        PAIRS.iter().map(|&(m, n)| m - n).collect()
+    }
+
+    fn sine_setup() -> (nn::VarStore, SineSpe) {
+        tch::manual_seed(11);
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        vs.set_kind(Kind::Double);
+        let spe = SineSpe::new(&vs.root(), H, D, 3, R);
+        // faster frequencies than the init so the kernel varies over the test lags
+        tch::no_grad(|| {
+            let mut f = spe.freqs.shallow_clone();
+            f.copy_(&(Tensor::randn([H, D, 3], (Kind::Double, Device::Cpu)) * 0.8 - 1.0));
+        });
+        (vs, spe)
+    }
+
+    fn run_sine(gated: bool) {
+        let (_vs, spe) = sine_setup();
+        let kernel = spe.kernel(&deltas());
+        assert_eq!(kernel.kind(), Kind::Double);
+        let gate = gated.then(|| Tensor::randn([H, D], (Kind::Double, Device::Cpu)));
+        let err = mc_check(
+            |rng| {
+                let z = randn64(rng, &[H, D, 6, R]) / 6f64.sqrt();
+                spe.codes(START, 10, &z)
+            },
+            &kernel,
+            gate.as_ref(),
+            1,
+        );
+        assert!(err < 0.04, "SineSPE MC identity relative error {err}");
+    }
+
+    fn run_conv(gated: bool) {
+        tch::manual_seed(12);
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        vs.set_kind(Kind::Double);
+        let spe = ConvSpe::new(&vs.root(), H, D, 4, R);
+        let kernel = spe.kernel(&deltas());
+        // lags >= k have an exactly zero kernel
+        assert_eq!(spe.kernel(&[4, -4, 7]).abs().max().double_value(&[]), 0.0);
+        let gate = gated.then(|| Tensor::randn([H, D], (Kind::Double, Device::Cpu)));
+        let err = mc_check(
+            |rng| {
+                let n = randn64(rng, &[10 + 3, H, D, R]);
+                spe.codes_from_noise(&n)
+            },
+            &kernel,
+            gate.as_ref(),
+            2,
+        );
+        assert!(err < 0.04, "ConvSPE MC identity relative error {err}");
+    }
+
+    #[test]
+    fn spe_sine_mc_identity_ungated() {
+        run_sine(false);
+    }
+    #[test]
+    fn spe_sine_mc_identity_gated() {
+        run_sine(true);
+    }
+    #[test]
+    fn spe_conv_mc_identity_ungated() {
+        run_conv(false);
+    }
+    #[test]
+    fn spe_conv_mc_identity_gated() {
+        run_conv(true);
+    }
+
+    #[test]
+    fn spe_sine_kernel_matches_doc_formula() {
+        let (_vs, spe) = sine_setup();
+        let p = spe.kernel(&[3]);
+        let f = spe.freqs.sigmoid() / 2.0;
+        let want = ((&f * (2.0 * PI * 3.0) + &spe.offsets).cos() * spe.gains.softplus().square())
+            .mean_dim([-1i64].as_slice(), false, None)
+            / 2.0;
+        assert!((p.squeeze_dim(0) - want).abs().max().double_value(&[]) < 1e-12);
+    }
+
+    #[test]
+    fn spe_conv_ring_matches_window() {
+        tch::manual_seed(3);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let spe = ConvSpe::new(&vs.root(), 2, 3, 5, 4);
+        let start = 17;
+        let len = 9;
+        let noise = spe.frozen_noise(42, 0, start, len);
+        let (qw, kw) = spe.codes_from_noise(&noise);
+        for t in 0..len {
+            let m = start + t;
+            // ring for m: slot p mod k holds column p, p in m-4..=m
+            let ring = Tensor::zeros([5, 2, 3, 4], (Kind::Float, Device::Cpu));
+            for p in (m - 4)..=m {
+                let col = noise.select(0, p - (start - 4));
+                ring.select(0, p.rem_euclid(5)).copy_(&col);
+            }
+            let (qr, kr) = spe.codes_from_ring(&ring, m);
+            let e = (qr.squeeze_dim(0) - qw.select(0, t)).abs().max().double_value(&[])
+                + (kr.squeeze_dim(0) - kw.select(0, t)).abs().max().double_value(&[]);
+            assert!(e < 1e-5, "ring code differs at {m}: {e}");
+        }
+    }
+}

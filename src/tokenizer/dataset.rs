@@ -1,0 +1,302 @@
+//! Token datasets on disk: what `cadenza tokenize` writes and training reads.
+//!
+//! A dataset folder holds `tokens.bin` (every piece as `BOS tokens EOS`, u16
+//! little-endian ids, back to back), `pieces.json` (where each piece starts,
+//! its length and source file), `manifest.json` (counts, skipped files, the
+//! vocabulary hash) and `vocab.json`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::{encode, Vocab, BOS_ID, EOS_ID};
+
+pub const TOKENS_FILE: &str = "tokens.bin";
+pub const PIECES_FILE: &str = "pieces.json";
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const VOCAB_FILE: &str = "vocab.json";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    /// Source file, relative to the input it was found under.
+    pub source: String,
+    /// Offset of its BOS in `tokens.bin`, in tokens.
+    pub offset: u64,
+    /// Length including BOS and EOS.
+    pub len: u64,
+    pub notes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub path: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub vocab_hash: String,
+    pub vocab_size: usize,
+    pub pieces: usize,
+    pub tokens: u64,
+    pub notes: u64,
+    pub input_bytes: u64,
+    pub files_seen: usize,
+    pub skipped: Vec<Skipped>,
+    /// Files tokenized with warnings (dropped or clipped notes ...), with them.
+    pub warnings: Vec<Skipped>,
+}
+
+/// Every `.mid`/`.midi` file (any case) under the inputs, recursively, sorted.
+/// A missing input is an error that names it.
+pub fn collect_midi_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
+    let mut out = Vec::new();
+    for input in inputs {
+        let meta =
+            std::fs::metadata(input).with_context(|| format!("cannot read {}", input.display()))?;
+        if meta.is_file() {
+            let name = input
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            out.push((input.clone(), name));
+        } else {
+            let mut found = Vec::new();
+            walk(input, &mut found)?;
+            found.sort();
+            for p in found {
+                let rel = p
+                    .strip_prefix(input)
+                    .unwrap_or(&p)
+                    .to_string_lossy()
+                    .into_owned();
+                out.push((p, rel));
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub fn is_midi_path(p: &Path) -> bool {
+    p.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("mid") || e.eq_ignore_ascii_case("midi"))
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    for e in entries {
+        let e = e.with_context(|| format!("cannot list {}", dir.display()))?;
+        let p = e.path();
+        let ft = e
+            .file_type()
+            .with_context(|| format!("cannot stat {}", p.display()))?;
+        if ft.is_dir() {
+            walk(&p, out)?;
+        } else if is_midi_path(&p) {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// One file's tokens, or why it was skipped.
+pub struct Tokenized {
+    pub tokens: Vec<u32>,
+    pub notes: usize,
+    pub bytes: u64,
+    pub warnings: Vec<String>,
+}
+
+/// Reads and tokenizes one file (no BOS/EOS).
+pub fn tokenize_file(path: &Path, vocab: &Vocab) -> Result<Tokenized> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (score, read_report) = crate::midi::parse(&bytes)
+        .map_err(|reason| anyhow::anyhow!("{}: not a valid MIDI file: {reason}", path.display()))?;
+    let (tokens, q) = encode(&score, vocab);
+    let mut warnings = read_report.warnings();
+    warnings.extend(q.warnings());
+    Ok(Tokenized {
+        tokens,
+        notes: q.notes_out,
+        bytes: bytes.len() as u64,
+        warnings,
+    })
+}
+
+/// Tokenizes `files` in parallel (rayon), calling `progress` after each file.
+/// Returns per-file results in input order; one bad file never stops the rest.
+pub fn tokenize_files(
+    files: &[(PathBuf, String)],
+    vocab: &Vocab,
+    progress: &(dyn Fn() + Sync),
+) -> Vec<Result<Tokenized>> {
+    files
+        .par_iter()
+        .map(|(p, _)| {
+            let r = tokenize_file(p, vocab);
+            progress();
+            r
+        })
+        .collect()
+}
+
+/// Writes a dataset from tokenization results. Empty pieces are skipped
+/// (reported as such).
+pub fn write_dataset(
+    dir: &Path,
+    vocab: &Vocab,
+    files: &[(PathBuf, String)],
+    results: Vec<Result<Tokenized>>,
+) -> Result<Manifest> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut bin: Vec<u8> = Vec::new();
+    let mut pieces = Vec::new();
+    let mut skipped = Vec::new();
+    let mut warnings = Vec::new();
+    let (mut tokens, mut notes, mut input_bytes) = (0u64, 0u64, 0u64);
+    for ((path, rel), r) in files.iter().zip(results) {
+        match r {
+            Err(e) => skipped.push(Skipped {
+                path: path.display().to_string(),
+                reason: format!("{e:#}"),
+            }),
+            Ok(t) if t.notes == 0 => skipped.push(Skipped {
+                path: path.display().to_string(),
+                reason: "no notes".into(),
+            }),
+            Ok(t) => {
+                input_bytes += t.bytes;
+                if !t.warnings.is_empty() {
+                    warnings.push(Skipped {
+                        path: path.display().to_string(),
+                        reason: t.warnings.join("; "),
+                    });
+                }
+                let offset = bin.len() as u64 / 2;
+                let piece: Vec<u32> = std::iter::once(BOS_ID)
+                    .chain(t.tokens.iter().copied())
+                    .chain(std::iter::once(EOS_ID))
+                    .collect();
+                for id in &piece {
+                    bin.extend_from_slice(&(*id as u16).to_le_bytes());
+                }
+                tokens += piece.len() as u64;
+                notes += t.notes as u64;
+                pieces.push(Piece {
+                    source: rel.clone(),
+                    offset,
+                    len: piece.len() as u64,
+                    notes: t.notes as u64,
+                });
+            }
+        }
+    }
+    let manifest = Manifest {
+        format_version: 1,
+        vocab_hash: vocab.hash().to_string(),
+        vocab_size: vocab.len(),
+        pieces: pieces.len(),
+        tokens,
+        notes,
+        input_bytes,
+        files_seen: files.len(),
+        skipped,
+        warnings,
+    };
+    crate::util::write_atomic(&dir.join(TOKENS_FILE), &bin)?;
+    crate::util::write_atomic(&dir.join(PIECES_FILE), &serde_json::to_vec(&pieces)?)?;
+    vocab.save(&dir.join(VOCAB_FILE))?;
+    // The manifest goes last: its presence means the dataset is complete.
+    crate::util::write_atomic(
+        &dir.join(MANIFEST_FILE),
+        &serde_json::to_vec_pretty(&manifest)?,
+    )?;
+    Ok(manifest)
+}
+
+/// A dataset opened for reading; token ids are memory-mapped.
+pub struct Dataset {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub pieces: Vec<Piece>,
+    pub vocab: Vocab,
+    tokens: memmap2::Mmap,
+}
+
+impl Dataset {
+    pub fn open(dir: &Path) -> Result<Dataset> {
+        let read = |name: &str| -> Result<Vec<u8>> {
+            let p = dir.join(name);
+            std::fs::read(&p).with_context(|| {
+                format!(
+                    "cannot read {} (is {} a dataset made by `cadenza tokenize`?)",
+                    p.display(),
+                    dir.display()
+                )
+            })
+        };
+        let manifest: Manifest = serde_json::from_slice(&read(MANIFEST_FILE)?)
+            .with_context(|| format!("{}: bad manifest", dir.join(MANIFEST_FILE).display()))?;
+        let pieces: Vec<Piece> = serde_json::from_slice(&read(PIECES_FILE)?)
+            .with_context(|| format!("{}: bad piece index", dir.join(PIECES_FILE).display()))?;
+        let vocab = Vocab::load(&dir.join(VOCAB_FILE))?;
+        if vocab.hash() != manifest.vocab_hash {
+            bail!(
+                "{}: vocabulary hash {} differs from the manifest's {}",
+                dir.display(),
+                vocab.hash(),
+                manifest.vocab_hash
+            );
+        }
+        let path = dir.join(TOKENS_FILE);
+        let file =
+            std::fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        // SAFETY: the file is opened read-only and datasets are written
+        // atomically (temporary file + rename), never modified in place.
+        let tokens = unsafe { memmap2::Mmap::map(&file) }
+            .with_context(|| format!("cannot map {}", path.display()))?;
+        let n = tokens.len() as u64 / 2;
+        if tokens.len() % 2 != 0 || n != manifest.tokens {
+            bail!(
+                "{}: holds {} tokens but the manifest says {}",
+                path.display(),
+                n,
+                manifest.tokens
+            );
+        }
+        for p in &pieces {
+            if p.offset + p.len > n || p.len < 2 {
+                bail!("{}: piece {} lies outside tokens.bin", dir.display(), p.source);
+            }
+        }
+        Ok(Dataset {
+            dir: dir.to_path_buf(),
+            manifest,
+            pieces,
+            vocab,
+            tokens,
+        })
+    }
+
+    pub fn total_tokens(&self) -> u64 {
+        self.tokens.len() as u64 / 2
+    }
+
+    /// Token `i` of the whole stream.
+    pub fn token(&self, i: u64) -> u32 {
+        let i = i as usize * 2;
+        u16::from_le_bytes([self.tokens[i], self.tokens[i + 1]]) as u32
+    }
+
+    /// The ids of piece `i` (with BOS and EOS).
+    pub fn piece_tokens(&self, i: usize) -> Vec<u32> {
+        let p = &self.pieces[i];
+        (p.offset..p.offset + p.len).map(|j| self.token(j)).collect()
+    }
+}
+
