@@ -7,5 +7,6 @@
 
 pub mod cli;
 pub mod midi;
+pub mod render;
 pub mod tokenizer;
 pub mod util;

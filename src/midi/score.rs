@@ -83,13 +83,7 @@ impl Score {
     pub fn sort(&mut self) {
         self.notes.sort_by_key(|n| {
             (
-                n.start,
-                n.is_drum,
-                n.program,
-                n.pitch,
-                n.velocity,
-                n.duration,
-                n.channel,
+                n.start, n.is_drum, n.program, n.pitch, n.velocity, n.duration, n.channel,
             )
         });
         self.tempos.sort_by_key(|t| t.tick);

@@ -230,7 +230,7 @@ pub fn spe_filter(x: &Tensor, code: &Tensor, gate: Option<(&Tensor, &Tensor)>) -
         None => x.permute([1, 2, 0, 3]).matmul(code).permute([2, 1, 0, 3]),
         Some((gate, xi)) => {
             let g = gate.sigmoid();
-            let a = (1.0 - &g).sqrt();
+            let a = (-&g + 1.0).sqrt();
             let b = g.sqrt();
             let t1 = (x * a).permute([1, 2, 0, 3]).matmul(code).permute([2, 1, 0, 3]);
             let t2 = (x * b).permute([0, 2, 1, 3]).matmul(xi);
@@ -297,7 +297,7 @@ mod tests {
             .map(|(i, &(m, n))| {
                 let p = kernel.select(0, i as i64); // (H, D)
                 let qk = q.select(1, m).squeeze_dim(0) * k.select(1, n).squeeze_dim(0);
-                let w: Tensor = (1.0 - &g) * p + &g;
+                let w: Tensor = (-&g + 1.0) * p + &g;
                 (qk * w).sum_dim_intlist([-1i64].as_slice(), false, None) * ((R as f64) / D as f64).sqrt()
             })
             .collect();

@@ -303,9 +303,15 @@ pub fn render_samples(
     if cursor < total {
         synth.render(&mut left[cursor..], &mut right[cursor..]);
     }
-    let gain = if opts.gain.is_finite() { opts.gain } else { 1.0 };
+    let gain = if opts.gain.is_finite() {
+        opts.gain
+    } else {
+        1.0
+    };
     if gain != 1.0 {
-        left.iter_mut().chain(right.iter_mut()).for_each(|s| *s *= gain);
+        left.iter_mut()
+            .chain(right.iter_mut())
+            .for_each(|s| *s *= gain);
     }
     Ok((left, right))
 }
@@ -322,10 +328,10 @@ pub fn render_wav(
 ) -> Result<RenderStats> {
     let (mut left, mut right) = render_samples(score, soundfont, opts)
         .with_context(|| format!("cannot render audio for {}", out.display()))?;
-    let peak_in = left
-        .iter()
-        .chain(right.iter())
-        .fold(0f32, |m, s| if s.is_finite() { m.max(s.abs()) } else { m });
+    let peak_in =
+        left.iter()
+            .chain(right.iter())
+            .fold(0f32, |m, s| if s.is_finite() { m.max(s.abs()) } else { m });
     let scale = if peak_in > PEAK_LIMIT {
         PEAK_LIMIT / peak_in
     } else {
@@ -449,8 +455,8 @@ mod tests {
         }
         s.notes.push(note(0, 480, 48, 48, false));
         s.notes.push(note(0, 240, 38, 0, true));
-        // Then silence until tick 960 + 4*480 (1.333 s + 4 s), and one more note.
-        let late = 960 + 4 * 480;
+        // Then silence until tick 960 + 8*480 (1.333 s + 4 s), and one more note.
+        let late = 960 + 8 * 480;
         s.notes.push(note(late, 480, 72, 0, false));
         s.sort();
         let late_s = s.tick_to_seconds(late);
@@ -472,7 +478,7 @@ mod tests {
         let samples: Vec<i16> = r.samples::<i16>().map(|x| x.unwrap()).collect();
         let at = |secs: f64| ((secs * 44_100.0) as usize * 2).min(samples.len());
         let loud = rms(&samples[at(0.0)..at(0.6)]);
-        let quiet = rms(&samples[at(4.2)..at(late_s - 0.01)]);
+        let quiet = rms(&samples[at(3.0)..at(late_s - 0.01)]);
         let late_part = rms(&samples[at(late_s)..at(late_s + 0.4)]);
         let overall = rms(&samples);
         eprintln!("rms loud {loud:.4} quiet {quiet:.6} late {late_part:.4} overall {overall:.4}");
@@ -524,6 +530,13 @@ mod tests {
         assert_eq!(stats.samples, 44_100);
         assert_eq!(stats.peak, 0.0);
         assert_eq!(hound::WavReader::open(&out).unwrap().duration(), 44_100);
+        let no_tail = RenderOptions {
+            tail_seconds: f64::NAN,
+            ..RenderOptions::default()
+        };
+        let stats = render_wav(&Score::new(480), &sf, &no_tail, &out).unwrap();
+        assert_eq!((stats.samples, stats.rms), (0, 0.0));
+        assert_eq!(hound::WavReader::open(&out).unwrap().duration(), 0);
 
         let mut s = Score::new(480);
         s.notes.push(note(0, u64::MAX, 60, 0, false));

@@ -160,13 +160,22 @@ impl RemiConfig {
         v
     }
 
+    /// Number of tempo bins: log-spaced from the minimum to the maximum,
+    /// no further apart than `tempo_ratio`.
+    fn tempo_count(&self) -> usize {
+        ((self.tempo_max_bpm / self.tempo_min_bpm).ln() / self.tempo_ratio.ln()).ceil() as usize + 1
+    }
+
+    /// The ratio between consecutive tempo bins (at most `tempo_ratio`).
+    fn tempo_step(&self) -> f64 {
+        (self.tempo_max_bpm / self.tempo_min_bpm).powf(1.0 / (self.tempo_count() - 1) as f64)
+    }
+
     /// Tempo bins in BPM, increasing.
     pub fn tempos(&self) -> Vec<f64> {
-        let n = ((self.tempo_max_bpm / self.tempo_min_bpm).ln() / self.tempo_ratio.ln()).floor()
-            as usize
-            + 1;
-        (0..n)
-            .map(|i| self.tempo_min_bpm * self.tempo_ratio.powi(i as i32))
+        let step = self.tempo_step();
+        (0..self.tempo_count())
+            .map(|i| self.tempo_min_bpm * step.powi(i as i32))
             .collect()
     }
 
@@ -174,15 +183,15 @@ impl RemiConfig {
     /// whether it lay outside the representable range.
     pub fn tempo_bin(&self, us_per_quarter: u32) -> (u16, bool) {
         let bpm = 60_000_000.0 / us_per_quarter.max(1) as f64;
-        let n = self.tempos().len() as f64;
-        let x = (bpm / self.tempo_min_bpm).ln() / self.tempo_ratio.ln();
-        let clamped = x < -0.5 || x > n - 0.5;
+        let n = self.tempo_count() as f64;
+        let x = (bpm / self.tempo_min_bpm).ln() / self.tempo_step().ln();
+        let clamped = bpm < self.tempo_min_bpm * 0.999 || bpm > self.tempo_max_bpm * 1.001;
         (x.round().clamp(0.0, n - 1.0) as u16, clamped)
     }
 
     /// The microseconds per quarter a tempo bin decodes to.
     pub fn tempo_us(&self, bin: u16) -> u32 {
-        let bpm = self.tempo_min_bpm * self.tempo_ratio.powi(bin as i32);
+        let bpm = self.tempo_min_bpm * self.tempo_step().powi(bin as i32);
         (60_000_000.0 / bpm).round() as u32
     }
 }

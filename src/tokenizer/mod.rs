@@ -9,6 +9,7 @@
 //! ids that a model was trained with.
 
 mod config;
+pub mod fidelity;
 pub mod dataset;
 mod grammar;
 mod quantize;

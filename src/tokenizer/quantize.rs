@@ -84,6 +84,40 @@ fn supported_signature(cfg: &RemiConfig, num: u8, den: u8) -> Option<(u8, u8)> {
         .then_some((n as u8, d as u8))
 }
 
+/// A supported signature whose bar lasts `steps`, preferring denominator `den`.
+fn signature_of_length(cfg: &RemiConfig, steps: u64, den: u8) -> Option<(u8, u8)> {
+    let mut dens = cfg.denominators.clone();
+    dens.sort_by_key(|&d| (d != den, d));
+    dens.into_iter().find_map(|d| {
+        let whole = 4 * cfg.positions_per_quarter as u64;
+        let num = steps * d as u64 / whole;
+        (num >= 1
+            && num * whole == steps * d as u64
+            && num <= 255
+            && cfg.is_supported_time_signature(num as u8, d))
+        .then_some((num as u8, d))
+    })
+}
+
+/// Sets the signature from `tick` on: replaces one already there, and keeps
+/// the map free of repeats.
+fn set_signature(sigs: &mut Vec<TimeSignature>, tick: u64, sig: (u8, u8)) {
+    if sigs.last().is_some_and(|t| t.tick == tick) {
+        sigs.pop();
+    }
+    let current = sigs
+        .last()
+        .map(|t| (t.numerator, t.denominator))
+        .unwrap_or((4, 4));
+    if current != sig {
+        sigs.push(TimeSignature {
+            tick,
+            numerator: sig.0,
+            denominator: sig.1,
+        });
+    }
+}
+
 /// Quantizes `score` to grid steps: the returned score has
 /// `ticks_per_quarter == positions_per_quarter`, so ticks are steps.
 pub fn quantize(score: &Score, cfg: &RemiConfig) -> (Score, QuantizeReport) {
@@ -96,12 +130,23 @@ pub fn quantize(score: &Score, cfg: &RemiConfig) -> (Score, QuantizeReport) {
     };
     let mut out = Score::new(cfg.positions_per_quarter);
 
-    // Time signatures: supported spelling, on a bar line of the running grid.
+    // Time signatures: a supported spelling, starting a bar. A change in the
+    // middle of a bar ends that bar early, as in MIDI: the short bar gets a
+    // signature of its own length when one exists, else the change moves to
+    // the next bar line.
     let mut sig = (4u8, 4u8);
     let mut bar_start = 0u64;
     for ts in &score.time_signatures {
         let wanted = match supported_signature(cfg, ts.numerator, ts.denominator) {
-            Some(s) => s,
+            Some(s) => {
+                if s != (ts.numerator, ts.denominator) {
+                    report.unsupported_time_signatures.push(format!(
+                        "{}/{} -> {}/{}",
+                        ts.numerator, ts.denominator, s.0, s.1
+                    ));
+                }
+                s
+            }
             None => {
                 report
                     .unsupported_time_signatures
@@ -109,43 +154,22 @@ pub fn quantize(score: &Score, cfg: &RemiConfig) -> (Score, QuantizeReport) {
                 (4, 4)
             }
         };
-        if wanted != (ts.numerator, ts.denominator) && wanted != (4, 4) {
-            report.unsupported_time_signatures.push(format!(
-                "{}/{} -> {}/{}",
-                ts.numerator, ts.denominator, wanted.0, wanted.1
-            ));
-        }
-        let s = step(ts.tick);
+        let mut at = step(ts.tick).max(bar_start);
         let len = cfg.bar_steps(sig.0, sig.1) as u64;
-        let at = if s <= bar_start {
-            bar_start
-        } else {
-            let bars = (s - bar_start).div_ceil(len);
-            if (s - bar_start) % len != 0 {
-                report.moved_time_signatures += 1;
-            }
-            bar_start + bars * len
-        };
-        // Later events at the same bar line replace earlier ones.
-        if let Some(last) = out.time_signatures.last() {
-            if last.tick == at {
-                out.time_signatures.pop();
-                sig = out
-                    .time_signatures
-                    .last()
-                    .map(|t| (t.numerator, t.denominator))
-                    .unwrap_or((4, 4));
+        let into_bar = (at - bar_start) % len;
+        if into_bar != 0 {
+            let line = at - into_bar;
+            match signature_of_length(cfg, into_bar, sig.1) {
+                Some(short) => set_signature(&mut out.time_signatures, line, short),
+                None => {
+                    report.moved_time_signatures += 1;
+                    at = line + len;
+                }
             }
         }
+        set_signature(&mut out.time_signatures, at, wanted);
+        sig = wanted;
         bar_start = at;
-        if wanted != sig {
-            sig = wanted;
-            out.time_signatures.push(TimeSignature {
-                tick: at,
-                numerator: wanted.0,
-                denominator: wanted.1,
-            });
-        }
     }
 
     // Tempos: binned; the last of several at one step wins; repeats dropped.

@@ -1,0 +1,21 @@
+//! The `cadenza` model: a pre-LayerNorm decoder-only Transformer with FAVOR+ linear attention
+//! (or exact softmax attention as a reference) and Stochastic Positional Encoding (SineSPE,
+//! ConvSPE, gated, shared or per layer), sinusoidal APE or no positional encoding.
+//!
+//! * [`Transformer::forward_t`] trains/evaluates on windows at any absolute offset.
+//! * [`Transformer::freeze`] fixes every random quantity (SPE noise, gate noise, FAVOR+
+//!   features) from a seed so that the model is a deterministic function usable as a
+//!   recurrence: [`Transformer::begin`] / [`Transformer::prefill`] / [`Transformer::step`]
+//!   give the same logits as the parallel chunked form, at constant cost per token.
+
+pub mod config;
+pub mod favor;
+pub mod noise;
+pub mod spe;
+pub mod transformer;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{AttentionKind, ModelConfig, PositionalEncoding};
+pub use transformer::{RecurrentState, Transformer};

@@ -1,0 +1,249 @@
+//! Model-level tests: causality, recurrence == parallel form, chunk invariance, gradients,
+//! freezing. All run on tiny models on CPU.
+
+use tch::{nn, Device, Kind, Tensor};
+
+use crate::model::{AttentionKind, ModelConfig, PositionalEncoding, Transformer};
+
+const V: i64 = 50;
+
+/// Named model variants covering every positional option and both attentions.
+fn variants() -> Vec<(&'static str, ModelConfig)> {
+    let base = {
+        let mut c = ModelConfig::preset("tiny", V).unwrap();
+        c.chunk_size = 16;
+        c
+    };
+    let with = |pos: &str| base.clone().with_positional(pos).unwrap();
+    let mut out = vec![
+        ("spe-sine gated shared", with("spe-sine")),
+        ("spe-conv gated shared", with("spe-conv")),
+        ("ape", with("ape")),
+        ("none", with("none")),
+    ];
+    let mut c = with("spe-sine");
+    c.positional = PositionalEncoding::SpeSine { sines: 3, realizations: 8, gated: false, shared: false };
+    out.push(("spe-sine ungated per-layer", c));
+    let mut c = with("spe-conv");
+    c.positional = PositionalEncoding::SpeConv { kernel: 7, realizations: 8, gated: false, shared: false };
+    c.attention = AttentionKind::Favor { features: 32, antithetic: true, redraw_prob: 0.5 };
+    out.push(("spe-conv ungated per-layer antithetic", c));
+    let mut c = with("spe-sine");
+    c.attention = AttentionKind::Softmax;
+    out.push(("softmax spe-sine", c));
+    let mut c = with("spe-conv");
+    c.attention = AttentionKind::Softmax;
+    out.push(("softmax spe-conv", c));
+    let mut c = with("ape");
+    c.attention = AttentionKind::Softmax;
+    c.tie_embeddings = false;
+    out.push(("softmax ape untied", c));
+    out
+}
+
+fn build(cfg: &ModelConfig, seed: i64) -> (nn::VarStore, Transformer) {
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let m = Transformer::new(&vs.root(), cfg).unwrap();
+    (vs, m)
+}
+
+fn tokens(b: i64, l: i64, seed: i64) -> Tensor {
+    // deterministic without the global RNG
+    let v: Vec<i64> = (0..b * l).map(|i| (i * 7919 + seed * 104729 + (i * i) % 13) % V).collect();
+    Tensor::from_slice(&v).view([b, l])
+}
+
+fn rel(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-30)
+}
+
+#[test]
+fn causality_every_variant() {
+    for (name, cfg) in variants() {
+        let (_vs, m) = build(&cfg, 1);
+        let t = 30;
+        let a = tokens(2, 48, 1);
+        let b = a.copy();
+        b.narrow(1, t, 48 - t).copy_(&tokens(2, 48 - t, 9));
+        for offset in [0, 333] {
+            let la = m.forward_t(&a, offset, false);
+            let lb = m.forward_t(&b, offset, false);
+            let e = rel(&lb.narrow(1, 0, t), &la.narrow(1, 0, t));
+            assert!(e < 1e-6, "{name} offset {offset}: past logits changed ({e})");
+            assert!(rel(&lb, &la) > 1e-3, "{name}: perturbation had no effect");
+        }
+    }
+}
+
+#[test]
+fn recurrence_matches_parallel_every_variant() {
+    for (name, cfg) in variants() {
+        let (_vs, mut m) = build(&cfg, 2);
+        m.freeze(123);
+        let toks = tokens(2, 70, 2);
+        for offset in [0, 1000] {
+            let full = m.forward_t(&toks, offset, false);
+            // prefill 40 then step 30
+            let mut st = m.begin_at(2, offset);
+            let pre = m.prefill(&toks.narrow(1, 0, 40), &mut st);
+            assert!(rel(&pre, &full.narrow(1, 0, 40)) < 1e-4, "{name}: prefill differs");
+            for i in 40..70 {
+                let lg = m.step(&toks.select(1, i), &mut st);
+                let e = rel(&lg, &full.select(1, i));
+                assert!(e < 1e-4, "{name} offset {offset}: step at {i} differs ({e})");
+            }
+            assert_eq!(st.position, offset + 70);
+            // uneven prefill pieces, then steps
+            let mut st = m.begin_at(2, offset);
+            let mut pos = 0;
+            for piece in [7, 13, 1, 20] {
+                let lg = m.prefill(&toks.narrow(1, pos, piece), &mut st);
+                let e = rel(&lg, &full.narrow(1, pos, piece));
+                assert!(e < 1e-4, "{name} offset {offset}: prefill piece at {pos} differs ({e})");
+                pos += piece;
+            }
+            for i in pos..70 {
+                let lg = m.step(&toks.select(1, i), &mut st);
+                assert!(rel(&lg, &full.select(1, i)) < 1e-4, "{name}: step after uneven prefill at {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn recurrent_state_copy_and_select() {
+    let (_vs, mut m) = build(&variants()[1].1, 3);
+    m.freeze(4);
+    let toks = tokens(3, 20, 3);
+    let full = m.forward_t(&toks, 0, false);
+    let mut st = m.begin(3);
+    m.prefill(&toks.narrow(1, 0, 10), &mut st);
+    let mut c = st.copy();
+    let idx = Tensor::from_slice(&[2i64, 0]);
+    let mut s2 = st.select(&idx);
+    let a = m.step(&toks.select(1, 10), &mut st);
+    let b = m.step(&toks.select(1, 10), &mut c);
+    assert!(rel(&b, &a) < 1e-6);
+    let d = m.step(&toks.select(1, 10).index_select(0, &idx), &mut s2);
+    assert!(rel(&d, &full.select(1, 10).index_select(0, &idx)) < 1e-4);
+}
+
+#[test]
+fn chunk_size_does_not_change_results() {
+    for (name, cfg) in variants() {
+        if cfg.attention == AttentionKind::Softmax {
+            continue;
+        }
+        let (_vs, mut m) = build(&cfg, 5);
+        let toks = tokens(2, 45, 5);
+        let reference = m.forward_t(&toks, 17, false);
+        for c in [1, 7, 64] {
+            m.set_chunk_size(c);
+            let e = rel(&m.forward_t(&toks, 17, false), &reference);
+            assert!(e < 1e-5, "{name}: chunk {c} changes logits by {e}");
+        }
+    }
+}
+
+#[test]
+fn spe_gradients_reach_every_spe_and_gate_parameter() {
+    for (name, cfg) in variants() {
+        if !cfg.positional.is_spe() {
+            continue;
+        }
+        let (vs, m) = build(&cfg, 6);
+        let toks = tokens(2, 40, 6);
+        let logits = m.forward_t(&toks.narrow(1, 0, 39), 5, true);
+        let loss = logits.reshape([-1, V]).cross_entropy_for_logits(&toks.narrow(1, 1, 39).reshape([-1]));
+        loss.backward();
+        let vars = vs.variables();
+        let spe: Vec<_> = vars.iter().filter(|(k, _)| k.contains("spe")).collect();
+        let gated = matches!(
+            cfg.positional,
+            PositionalEncoding::SpeSine { gated: true, .. } | PositionalEncoding::SpeConv { gated: true, .. }
+        );
+        let n_code = if matches!(cfg.positional, PositionalEncoding::SpeSine { .. }) { 3 } else { 2 };
+        let shared = matches!(
+            cfg.positional,
+            PositionalEncoding::SpeSine { shared: true, .. } | PositionalEncoding::SpeConv { shared: true, .. }
+        );
+        let want = n_code * if shared { 1 } else { cfg.n_layers as usize } + if gated { cfg.n_layers as usize } else { 0 };
+        assert_eq!(spe.len(), want, "{name}: SPE params {:?}", spe.iter().map(|p| p.0).collect::<Vec<_>>());
+        for (k, t) in spe {
+            let g = t.grad();
+            assert!(g.defined(), "{name}: {k} has no grad");
+            let s = g.abs().sum(Kind::Double).double_value(&[]);
+            assert!(s > 0.0 && s.is_finite(), "{name}: zero/non-finite grad for {k}: {s}");
+        }
+    }
+}
+
+#[test]
+fn parameter_names_allow_weight_decay_filters() {
+    let mut cfg = ModelConfig::preset("tiny", V).unwrap();
+    cfg.tie_embeddings = false;
+    let (vs, _m) = build(&cfg, 7);
+    let vars = vs.variables();
+    assert!(vars.contains_key("tok_embed.weight"));
+    assert!(vars.contains_key("layers.0.spe_gate") && vars.contains_key("spe.freqs"));
+    for name in vars.keys() {
+        let ok = name.contains("embed")
+            || name.contains("norm")
+            || name.ends_with("bias")
+            || name.contains("spe")
+            || name.ends_with("weight");
+        assert!(ok, "unexpected parameter name {name}");
+        if name.contains("norm") {
+            assert!(name.ends_with("weight") || name.ends_with("bias"));
+        }
+    }
+}
+
+#[test]
+fn freeze_is_deterministic_and_training_redraws_noise() {
+    for (name, cfg) in variants().into_iter().take(2) {
+        let (_vs, mut m) = build(&cfg, 8);
+        let toks = tokens(1, 30, 8);
+        m.freeze(5);
+        let a = m.forward_t(&toks, 0, false);
+        assert!(rel(&m.forward_t(&toks, 0, false), &a) == 0.0, "{name}: eval not deterministic");
+        m.freeze(6);
+        let b = m.forward_t(&toks, 0, false);
+        assert!(rel(&b, &a) > 1e-4, "{name}: seed has no effect");
+        m.freeze(5);
+        assert!(rel(&m.forward_t(&toks, 0, false), &a) == 0.0, "{name}: re-freeze differs");
+        // a fresh model built from the same weights and seed is the same function
+        let (_vs2, mut m2) = build(&cfg, 8);
+        m2.freeze(5);
+        assert!(rel(&m2.forward_t(&toks, 0, false), &a) == 0.0, "{name}: not reproducible");
+        // training mode draws fresh SPE noise each call (dropout is 0 in tiny)
+        let t1 = m.forward_t(&toks, 0, true);
+        let t2 = m.forward_t(&toks, 0, true);
+        assert!(rel(&t2, &t1) > 1e-5, "{name}: training noise not redrawn");
+    }
+}
+
+#[test]
+fn logits_shape_and_ape_values() {
+    let cfg = ModelConfig::preset("tiny", V).unwrap().with_positional("ape").unwrap();
+    let (_vs, m) = build(&cfg, 9);
+    let lg = m.forward_t(&tokens(3, 11, 1), 4000, false);
+    assert_eq!(lg.size(), [3, 11, V]);
+    assert_eq!(lg.kind(), Kind::Float);
+    let pe = crate::model::transformer::sinusoidal_ape(5, 2, 6, Device::Cpu);
+    let want = [5f64.sin(), 5f64.cos(), (5.0 / 10000f64.powf(2.0 / 6.0)).sin()];
+    for (j, w) in want.iter().enumerate() {
+        assert!((pe.double_value(&[0, j as i64]) - w).abs() < 1e-6);
+    }
+}
+
+#[test]
+#[should_panic(expected = "frozen seed")]
+fn stale_state_after_refreeze_is_rejected() {
+    let cfg = ModelConfig::preset("tiny", V).unwrap().with_positional("spe-conv").unwrap();
+    let (_vs, mut m) = build(&cfg, 10);
+    let mut st = m.begin(1);
+    m.freeze(99);
+    m.step(&Tensor::from_slice(&[1i64]), &mut st);
+}

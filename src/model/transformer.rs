@@ -1,0 +1,539 @@
+//! Pre-LayerNorm decoder-only Transformer with FAVOR+ (or softmax) attention and SPE / APE.
+//!
+//! Variable paths (for weight-decay filters): `tok_embed.weight`, `layers.{i}.norm1.{weight,bias}`,
+//! `layers.{i}.attn_qkv.{weight,bias}`, `layers.{i}.attn_out.*`, `layers.{i}.norm2.*`,
+//! `layers.{i}.ff1.*`, `layers.{i}.ff2.*`, `layers.{i}.spe_gate` (gated SPE), `final_norm.*`,
+//! `head.*` (untied only), SPE code parameters under `spe.*` (shared) or `layers.{i}.spe.*`.
+//!
+//! Noise policy:
+//! * `forward_t(train = true)`: fresh SPE noise (Z or conv noise, and every layer's gate xi)
+//!   from torch's global RNG at each call, shared across the batch; every layer's FAVOR+
+//!   projection is redrawn (torch RNG) with probability `redraw_prob` at each call.
+//! * `forward_t(train = false)`, `prefill`, `step`: the frozen noise and features set by
+//!   [`Transformer::freeze`]. A new model is already frozen with [`DEFAULT_SEED`], so evaluation
+//!   never runs on undefined noise; call `freeze(seed)` to pick another realization. Frozen
+//!   ConvSPE noise of position p is a pure function of (seed, code, p) (ChaCha8), so any window
+//!   and the recurrence see the same codes, with no maximum length.
+
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+
+use crate::model::config::{AttentionKind, ModelConfig, PositionalEncoding};
+use crate::model::favor::{causal_linear_attention, recurrent_step, FavorFeatures};
+use crate::model::noise;
+use crate::model::spe::{draw_xi, frozen_xi, spe_filter, ConvSpe, SineSpe, SpeCode};
+
+/// Seed of the noise/features a freshly built model is frozen with.
+pub const DEFAULT_SEED: u64 = 0;
+
+#[derive(Debug)]
+struct Block {
+    norm1: nn::LayerNorm,
+    qkv: nn::Linear,
+    out: nn::Linear,
+    norm2: nn::LayerNorm,
+    ff1: nn::Linear,
+    ff2: nn::Linear,
+    /// (H, D) gate logits of the gated SPE filter.
+    gate: Option<Tensor>,
+}
+
+#[derive(Debug)]
+struct Frozen {
+    seed: u64,
+    /// Per code: SineSPE noise Z (None for ConvSPE codes, whose noise is generated per position).
+    z: Vec<Option<Tensor>>,
+    /// Per layer gate noise xi (gated SPE only).
+    xi: Vec<Tensor>,
+    /// Per layer FAVOR+ projections (FAVOR only).
+    features: Vec<FavorFeatures>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Train,
+    Eval,
+    Step,
+}
+
+/// Per-layer recurrent memory.
+#[derive(Debug)]
+pub enum LayerState {
+    /// FAVOR+: S = sum phi(k) v^T (B, H, M, Dv), z = sum phi(k) (B, H, M), f32.
+    Favor { s: Tensor, z: Tensor },
+    /// Softmax reference: growing KV cache (B, H, T, dk) and (B, H, T, Dv).
+    Softmax { k: Tensor, v: Tensor },
+}
+
+impl LayerState {
+    fn map(&self, f: impl Fn(&Tensor) -> Tensor) -> LayerState {
+        match self {
+            LayerState::Favor { s, z } => LayerState::Favor { s: f(s), z: f(z) },
+            LayerState::Softmax { k, v } => LayerState::Softmax { k: f(k), v: f(v) },
+        }
+    }
+}
+
+/// Decoding state: everything needed to continue a batch of sequences at `position`.
+/// With FAVOR+ its size is constant (per layer and head S (M x Dv) and z (M), f32, plus one
+/// ring buffer of the last k noise columns per ConvSPE code, shared by the batch).
+#[derive(Debug)]
+pub struct RecurrentState {
+    /// Absolute position of the next token.
+    pub position: i64,
+    pub layers: Vec<LayerState>,
+    /// Per ConvSPE code: (k, H, D, R); slot p mod k holds the noise column of position p.
+    pub rings: Vec<Tensor>,
+    /// The frozen seed the state was built with (rings depend on it).
+    pub seed: u64,
+    pub batch: i64,
+}
+
+impl RecurrentState {
+    /// Deep copy.
+    pub fn copy(&self) -> RecurrentState {
+        RecurrentState {
+            position: self.position,
+            layers: self.layers.iter().map(|l| l.map(|t| t.copy())).collect(),
+            rings: self.rings.iter().map(|t| t.copy()).collect(),
+            seed: self.seed,
+            batch: self.batch,
+        }
+    }
+
+    /// Keeps (or repeats) the batch rows in `indices` (int64 1-D tensor on any device).
+    pub fn select(&self, indices: &Tensor) -> RecurrentState {
+        let layers: Vec<LayerState> = self
+            .layers
+            .iter()
+            .map(|l| l.map(|t| t.index_select(0, &indices.to_device(t.device()))))
+            .collect();
+        RecurrentState {
+            position: self.position,
+            layers,
+            rings: self.rings.iter().map(|t| t.copy()).collect(),
+            seed: self.seed,
+            batch: indices.size()[0],
+        }
+    }
+}
+
+/// The model. See the module docs for the noise policy.
+#[derive(Debug)]
+pub struct Transformer {
+    cfg: ModelConfig,
+    device: Device,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    final_norm: nn::LayerNorm,
+    head: Option<nn::Linear>,
+    codes: Vec<SpeCode>,
+    train_features: Mutex<Vec<FavorFeatures>>,
+    frozen: Frozen,
+}
+
+/// Sinusoidal absolute positional encoding for positions start..start+len: (len, d) f32.
+pub fn sinusoidal_ape(start: i64, len: i64, d: i64, device: Device) -> Tensor {
+    let half = (d + 1) / 2;
+    let i = Tensor::arange(half, (Kind::Double, device));
+    let w = (i * (-2.0 * (10000f64).ln() / d as f64)).exp();
+    let pos = Tensor::arange_start(start, start + len, (Kind::Double, device)).unsqueeze(1);
+    let ang = pos * w.unsqueeze(0);
+    Tensor::stack(&[ang.sin(), ang.cos()], -1).reshape([len, 2 * half]).narrow(1, 0, d).to_kind(Kind::Float)
+}
+
+impl Transformer {
+    pub fn new(vs: &nn::Path, cfg: &ModelConfig) -> Result<Transformer> {
+        cfg.validate().context("invalid model config")?;
+        let device = vs.device();
+        let (d, h, hd) = (cfg.d_model, cfg.n_heads, cfg.head_dim());
+        let embed = vs.sub("tok_embed").var(
+            "weight",
+            &[cfg.vocab_size, d],
+            nn::Init::Randn { mean: 0.0, stdev: (d as f64).powf(-0.5) },
+        );
+        let lin = |p: nn::Path, i: i64, o: i64, std: f64| {
+            nn::linear(
+                p,
+                i,
+                o,
+                nn::LinearConfig {
+                    ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
+                    bs_init: Some(nn::Init::Const(0.0)),
+                    bias: true,
+                },
+            )
+        };
+        let out_std = 0.02 / ((2 * cfg.n_layers) as f64).sqrt();
+        let (gated, shared) = match &cfg.positional {
+            PositionalEncoding::SpeSine { gated, shared, .. } | PositionalEncoding::SpeConv { gated, shared, .. } => {
+                (*gated, *shared)
+            }
+            _ => (false, true),
+        };
+        let mut blocks = Vec::new();
+        let mut codes = Vec::new();
+        let make_code = |p: nn::Path| -> SpeCode {
+            match &cfg.positional {
+                PositionalEncoding::SpeSine { sines, realizations, .. } => {
+                    SpeCode::Sine(SineSpe::new(&p, h, hd, *sines, *realizations))
+                }
+                PositionalEncoding::SpeConv { kernel, realizations, .. } => {
+                    SpeCode::Conv(ConvSpe::new(&p, h, hd, *kernel, *realizations))
+                }
+                _ => unreachable!(),
+            }
+        };
+        if cfg.positional.is_spe() && shared {
+            codes.push(make_code(vs.sub("spe")));
+        }
+        for i in 0..cfg.n_layers {
+            let p = vs.sub("layers").sub(i);
+            let ln = || nn::LayerNormConfig::default();
+            let gate = (cfg.positional.is_spe() && gated)
+                .then(|| p.var("spe_gate", &[h, hd], nn::Init::Randn { mean: 0.0, stdev: 1.0 }));
+            if cfg.positional.is_spe() && !shared {
+                codes.push(make_code(p.sub("spe")));
+            }
+            blocks.push(Block {
+                norm1: nn::layer_norm(p.sub("norm1"), vec![d], ln()),
+                qkv: lin(p.sub("attn_qkv"), d, 3 * d, 0.02),
+                out: lin(p.sub("attn_out"), d, d, out_std),
+                norm2: nn::layer_norm(p.sub("norm2"), vec![d], ln()),
+                ff1: lin(p.sub("ff1"), d, cfg.d_ff, 0.02),
+                ff2: lin(p.sub("ff2"), cfg.d_ff, d, out_std),
+                gate,
+            });
+        }
+        let final_norm = nn::layer_norm(vs.sub("final_norm"), vec![d], Default::default());
+        let head = (!cfg.tie_embeddings).then(|| lin(vs.sub("head"), d, cfg.vocab_size, 0.02));
+        let train_features = match &cfg.attention {
+            AttentionKind::Favor { features, antithetic, .. } => (0..cfg.n_layers)
+                .map(|_| FavorFeatures::draw(*features, cfg.qk_dim(), *antithetic, device))
+                .collect(),
+            AttentionKind::Softmax => Vec::new(),
+        };
+        let mut model = Transformer {
+            cfg: cfg.clone(),
+            device,
+            embed,
+            blocks,
+            final_norm,
+            head,
+            codes,
+            train_features: Mutex::new(train_features),
+            frozen: Frozen { seed: DEFAULT_SEED, z: vec![], xi: vec![], features: vec![] },
+        };
+        model.freeze(DEFAULT_SEED);
+        Ok(model)
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Seed of the current frozen noise and features.
+    pub fn frozen_seed(&self) -> u64 {
+        self.frozen.seed
+    }
+
+    /// Changes the chunk length of the chunked linear attention (results change only by f32 rounding).
+    pub fn set_chunk_size(&mut self, chunk: i64) {
+        assert!(chunk > 0, "chunk size must be positive");
+        self.cfg.chunk_size = chunk;
+    }
+
+    fn param_kind(&self) -> Kind {
+        self.embed.kind()
+    }
+
+    /// Freezes SPE noise (Z), gate noise (xi) and FAVOR+ features deterministically from `seed`
+    /// (ConvSPE noise is a function of (seed, position) and needs no storage).
+    /// Existing `RecurrentState`s are tied to the previous seed and must be recreated.
+    pub fn freeze(&mut self, seed: u64) {
+        let (h, hd) = (self.cfg.n_heads, self.cfg.head_dim());
+        let z = self
+            .codes
+            .iter()
+            .enumerate()
+            .map(|(c, code)| match code {
+                SpeCode::Sine(s) => Some(s.frozen_z(seed, c as u64)),
+                SpeCode::Conv(_) => None,
+            })
+            .collect();
+        let xi = match self.cfg.positional.realizations() {
+            Some(r) if self.blocks.iter().any(|b| b.gate.is_some()) => (0..self.cfg.n_layers)
+                .map(|i| frozen_xi(seed, i as u64, h, hd, r, self.device).to_kind(self.param_kind()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let features = match &self.cfg.attention {
+            AttentionKind::Favor { features, antithetic, .. } => (0..self.cfg.n_layers)
+                .map(|i| FavorFeatures::seeded(seed, i as u64, *features, self.cfg.qk_dim(), *antithetic, self.device))
+                .collect(),
+            AttentionKind::Softmax => Vec::new(),
+        };
+        self.frozen = Frozen { seed, z, xi, features };
+    }
+
+    /// (B, L) int64 tokens at absolute positions offset..offset+L -> (B, L, V) logits.
+    pub fn forward_t(&self, tokens: &Tensor, offset: i64, train: bool) -> Tensor {
+        let mode = if train { Mode::Train } else { Mode::Eval };
+        self.run(tokens, offset, mode, None)
+    }
+
+    /// Zero state at position 0 on the model's device (frozen noise of the current seed).
+    pub fn begin(&self, batch: i64) -> RecurrentState {
+        self.begin_at(batch, 0)
+    }
+
+    /// Zero state (empty past) whose next token is at absolute `position`: continuing from it
+    /// reproduces `forward_t(tokens, position, false)`.
+    pub fn begin_at(&self, batch: i64, position: i64) -> RecurrentState {
+        let (h, hd) = (self.cfg.n_heads, self.cfg.head_dim());
+        let dk = self.cfg.qk_dim();
+        let f = (Kind::Float, self.device);
+        let layers = (0..self.cfg.n_layers)
+            .map(|_| match &self.cfg.attention {
+                AttentionKind::Favor { features, .. } => LayerState::Favor {
+                    s: Tensor::zeros([batch, h, *features, hd], f),
+                    z: Tensor::zeros([batch, h, *features], f),
+                },
+                AttentionKind::Softmax => LayerState::Softmax {
+                    k: Tensor::zeros([batch, h, 0, dk], f),
+                    v: Tensor::zeros([batch, h, 0, hd], f),
+                },
+            })
+            .collect();
+        let seed = self.frozen.seed;
+        let rings = self
+            .codes
+            .iter()
+            .enumerate()
+            .filter_map(|(c, code)| match code {
+                SpeCode::Conv(conv) => {
+                    let k = conv.kernel;
+                    let mut shape = vec![k];
+                    shape.extend_from_slice(&conv.column_shape());
+                    let mut ring = Tensor::zeros(shape.as_slice(), (self.param_kind(), self.device));
+                    // positions position-k+1 ..= position-1
+                    let cols = noise::conv_noise_columns(
+                        seed,
+                        c as u64,
+                        position - k + 1,
+                        k - 1,
+                        &conv.column_shape(),
+                        self.device,
+                        self.param_kind(),
+                    );
+                    fill_ring(&mut ring, position - k + 1, &cols);
+                    Some(ring)
+                }
+                SpeCode::Sine(_) => None,
+            })
+            .collect();
+        RecurrentState { position, layers, rings, seed, batch }
+    }
+
+    fn check_state(&self, state: &RecurrentState, batch: i64) {
+        assert_eq!(
+            state.seed, self.frozen.seed,
+            "RecurrentState was built with frozen seed {} but the model is frozen with {}; call begin() again",
+            state.seed, self.frozen.seed
+        );
+        assert_eq!(state.batch, batch, "RecurrentState batch size {} but tokens have batch {}", state.batch, batch);
+    }
+
+    /// Runs a (B, L) chunk from `state.position` (chunked parallel form, frozen noise), returns
+    /// (B, L, V) logits and advances the state. No autograd graph is recorded.
+    pub fn prefill(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
+        self.check_state(state, tokens.size()[0]);
+        tch::no_grad(|| self.run(tokens, state.position, Mode::Eval, Some(state)))
+    }
+
+    /// One token per sequence (B,) -> (B, V) logits; constant time and memory per token with
+    /// FAVOR+ (the softmax reference uses a growing KV cache instead: linear in the position).
+    pub fn step(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
+        let b = tokens.size()[0];
+        self.check_state(state, b);
+        tch::no_grad(|| self.run(&tokens.view([b, 1]), state.position, Mode::Step, Some(state))).squeeze_dim(1)
+    }
+
+    /// Codes (qbar, kbar), each (L, H, D, R), for every SPE code over positions offset..offset+L.
+    fn window_codes(&self, offset: i64, len: i64, mode: Mode, state: &mut Option<&mut RecurrentState>) -> Vec<(Tensor, Tensor)> {
+        let seed = self.frozen.seed;
+        let mut ring_idx = 0;
+        let mut out = Vec::with_capacity(self.codes.len());
+        for (c, code) in self.codes.iter().enumerate() {
+            let pair = match code {
+                SpeCode::Sine(s) => match mode {
+                    Mode::Train => s.codes(offset, len, &s.draw_z()),
+                    _ => s.codes(offset, len, self.frozen.z[c].as_ref().expect("frozen Z")),
+                },
+                SpeCode::Conv(conv) => {
+                    let k = conv.kernel;
+                    match mode {
+                        Mode::Train => conv.codes_from_noise(&conv.draw_noise(len)),
+                        Mode::Eval => {
+                            let nz = conv.frozen_noise(seed, c as u64, offset, len);
+                            if let Some(st) = state.as_deref_mut() {
+                                if k > 1 {
+                                    let cols = nz.narrow(0, len, k - 1);
+                                    fill_ring(&mut st.rings[ring_idx], offset + len - k + 1, &cols);
+                                }
+                            }
+                            conv.codes_from_noise(&nz)
+                        }
+                        Mode::Step => {
+                            let st = state.as_deref_mut().expect("step needs a state");
+                            let col = noise::conv_noise_columns(
+                                seed,
+                                c as u64,
+                                offset,
+                                1,
+                                &conv.column_shape(),
+                                self.device,
+                                self.param_kind(),
+                            );
+                            fill_ring(&mut st.rings[ring_idx], offset, &col);
+                            conv.codes_from_ring(&st.rings[ring_idx], offset)
+                        }
+                    }
+                }
+            };
+            if matches!(code, SpeCode::Conv(_)) {
+                ring_idx += 1;
+            }
+            out.push(pair);
+        }
+        out
+    }
+
+    fn run(&self, tokens: &Tensor, offset: i64, mode: Mode, mut state: Option<&mut RecurrentState>) -> Tensor {
+        let cfg = &self.cfg;
+        let (b, l) = tokens.size2().expect("tokens must be (B, L)");
+        let (d, h, hd) = (cfg.d_model, cfg.n_heads, cfg.head_dim());
+        let train = mode == Mode::Train;
+        let p = cfg.dropout;
+        let kind = self.param_kind();
+
+        let mut x = Tensor::embedding(&self.embed, &tokens.to_device(self.device), -1, false, false) * (d as f64).sqrt();
+        if cfg.positional == PositionalEncoding::Ape {
+            x = x + sinusoidal_ape(offset, l, d, self.device).to_kind(kind);
+        }
+        x = x.dropout(p, train);
+
+        let codes = self.window_codes(offset, l, mode, &mut state);
+        let shared = self.codes.len() == 1;
+        let r = cfg.positional.realizations();
+
+        // FAVOR+ features for this call
+        let mut train_guard = None;
+        if let (Mode::Train, AttentionKind::Favor { features, antithetic, redraw_prob }) = (mode, &cfg.attention) {
+            let mut g = self.train_features.lock().unwrap();
+            for f in g.iter_mut() {
+                if *redraw_prob > 0.0 && Tensor::rand([1], (Kind::Double, Device::Cpu)).double_value(&[0]) < *redraw_prob {
+                    *f = FavorFeatures::draw(*features, cfg.qk_dim(), *antithetic, self.device);
+                }
+            }
+            train_guard = Some(g);
+        }
+
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let hn = x.apply(&blk.norm1);
+            let qkv = hn.apply(&blk.qkv);
+            let q = qkv.narrow(-1, 0, d).view([b, l, h, hd]);
+            let k = qkv.narrow(-1, d, d).view([b, l, h, hd]);
+            let v = qkv.narrow(-1, 2 * d, d).view([b, l, h, hd]).permute([0, 2, 1, 3]);
+            let (qa, ka) = if let Some(rr) = r {
+                let (qbar, kbar) = &codes[if shared { 0 } else { i }];
+                let xi = blk.gate.as_ref().map(|_| match mode {
+                    Mode::Train => draw_xi(h, hd, rr, kind, self.device),
+                    _ => self.frozen.xi[i].shallow_clone(),
+                });
+                let gate = blk.gate.as_ref().zip(xi.as_ref());
+                (spe_filter(&q, qbar, gate), spe_filter(&k, kbar, gate))
+            } else {
+                (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
+            };
+            let dk = qa.size()[3];
+            let lstate = state.as_deref_mut().map(|s| &mut s.layers[i]);
+            let att = match &cfg.attention {
+                AttentionKind::Favor { .. } => {
+                    let feats = match &train_guard {
+                        Some(g) => &g[i],
+                        None => &self.frozen.features[i],
+                    };
+                    let sc = (dk as f64).powf(-0.25);
+                    let pq = feats.features(&(&qa * sc), true);
+                    let pk = feats.features(&(&ka * sc), false);
+                    let vf = v.to_kind(Kind::Float);
+                    let out = match lstate {
+                        Some(LayerState::Favor { s, z }) => {
+                            if mode == Mode::Step {
+                                let (o, s2, z2) =
+                                    recurrent_step(&pq.squeeze_dim(2), &pk.squeeze_dim(2), &vf.squeeze_dim(2), s, z);
+                                *s = s2;
+                                *z = z2;
+                                o.unsqueeze(2)
+                            } else {
+                                let (o, s2, z2) = causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, Some((s, z)));
+                                *s = s2;
+                                *z = z2;
+                                o
+                            }
+                        }
+                        Some(_) => unreachable!("state/attention mismatch"),
+                        None => causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, None).0,
+                    };
+                    out.to_kind(kind)
+                }
+                AttentionKind::Softmax => {
+                    let qf = qa.to_kind(Kind::Float);
+                    let (kall, vall) = match lstate {
+                        Some(LayerState::Softmax { k: kc, v: vc }) => {
+                            *kc = Tensor::cat(&[&*kc, &ka.to_kind(Kind::Float)], 2);
+                            *vc = Tensor::cat(&[&*vc, &v.to_kind(Kind::Float)], 2);
+                            (kc.shallow_clone(), vc.shallow_clone())
+                        }
+                        Some(_) => unreachable!("state/attention mismatch"),
+                        None => (ka.to_kind(Kind::Float), v.to_kind(Kind::Float)),
+                    };
+                    let t = kall.size()[2] - l; // cached positions before this chunk
+                    let scores = qf.matmul(&kall.transpose(-1, -2)) / (dk as f64).sqrt();
+                    let mask = Tensor::ones([l, t + l], (Kind::Bool, self.device)).triu(t + 1);
+                    scores.masked_fill(&mask, f64::NEG_INFINITY).softmax(-1, None).matmul(&vall).to_kind(kind)
+                }
+            };
+            let att = att.permute([0, 2, 1, 3]).reshape([b, l, d]).apply(&blk.out);
+            x = x + att.dropout(p, train);
+            let ff = x.apply(&blk.norm2).apply(&blk.ff1).gelu("none").apply(&blk.ff2);
+            x = x + ff.dropout(p, train);
+        }
+        drop(train_guard);
+        let x = x.apply(&self.final_norm);
+        let logits = match &self.head {
+            Some(hd) => hd.forward(&x),
+            None => x.matmul(&self.embed.tr()),
+        };
+        if let Some(st) = state {
+            st.position = offset + l;
+        }
+        logits.to_kind(Kind::Float)
+    }
+}
+
+/// Writes `cols` (n, ...) = noise columns of positions first..first+n into their ring slots.
+fn fill_ring(ring: &mut Tensor, first: i64, cols: &Tensor) {
+    let k = ring.size()[0];
+    let n = cols.size()[0];
+    let slots: Vec<i64> = (first..first + n).map(|p| p.rem_euclid(k)).collect();
+    let slots = Tensor::from_slice(&slots).to_device(ring.device());
+    let _ = ring.index_copy_(0, &slots, &cols.to_kind(ring.kind()));
+}

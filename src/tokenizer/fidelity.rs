@@ -1,0 +1,183 @@
+//! How faithfully `decode(encode(x))` reproduces `x`, measured note by note
+//! against the bounds (onsets within half a step, durations within
+//! half a step up to the exact range then 1/8 relative, velocities +-2,
+//! tempos 2%, supported time signatures exact).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::midi::{Note, Score, DEFAULT_US_PER_QUARTER};
+
+use super::{decode, encode, QuantizeReport, Vocab};
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Fidelity {
+    pub notes: usize,
+    pub dropped_out_of_range: usize,
+    pub clipped: usize,
+    pub lengthened: usize,
+    /// Notes whose (program, drum, pitch) group lost or gained notes.
+    pub missing_or_extra: usize,
+    pub onset_errors: usize,
+    pub duration_errors: usize,
+    pub velocity_errors: usize,
+    /// Note onsets where the tempo in force differs by more than 2%.
+    pub tempo_errors: usize,
+    pub time_signature_errors: usize,
+    pub unsupported_time_signatures: usize,
+    pub max_onset_error_steps: f64,
+    pub max_velocity_error: i32,
+    pub max_tempo_error: f64,
+    pub skipped_tokens: usize,
+    /// decode(encode(x)) differs from quantize(x).
+    pub not_quantized_exactly: bool,
+    /// encode(decode(tokens)) differs from tokens.
+    pub tokens_not_stable: bool,
+}
+
+impl Fidelity {
+    pub fn is_perfect(&self) -> bool {
+        self.missing_or_extra == 0
+            && self.onset_errors == 0
+            && self.duration_errors == 0
+            && self.velocity_errors == 0
+            && self.tempo_errors == 0
+            && self.time_signature_errors == 0
+            && self.skipped_tokens == 0
+            && !self.not_quantized_exactly
+            && !self.tokens_not_stable
+    }
+}
+
+fn tempo_at(tempos: &[crate::midi::TempoChange], tick: u64) -> u32 {
+    let i = tempos.partition_point(|t| t.tick <= tick);
+    if i == 0 {
+        DEFAULT_US_PER_QUARTER
+    } else {
+        tempos[i - 1].us_per_quarter
+    }
+}
+
+fn sig_at(sigs: &[crate::midi::TimeSignature], tick: u64) -> (u8, u8) {
+    let i = sigs.partition_point(|t| t.tick <= tick);
+    if i == 0 {
+        (4, 4)
+    } else {
+        (sigs[i - 1].numerator, sigs[i - 1].denominator)
+    }
+}
+
+/// Round-trips `score` through the tokenizer and measures the differences.
+pub fn measure(score: &Score, vocab: &Vocab) -> Fidelity {
+    let cfg = vocab.config();
+    let (ids, q): (Vec<u32>, QuantizeReport) = encode(score, vocab);
+    let (quantized, _) = super::quantize(score, cfg);
+    let (decoded, drep) = decode(&ids, vocab);
+    let mut f = Fidelity {
+        notes: score.notes.len(),
+        dropped_out_of_range: q.dropped_out_of_range,
+        clipped: q.clipped_durations,
+        lengthened: q.lengthened_short_notes,
+        unsupported_time_signatures: q.unsupported_time_signatures.len(),
+        skipped_tokens: drep.skipped + drep.unknown,
+        not_quantized_exactly: decoded != quantized,
+        tokens_not_stable: super::encode_quantized(&decoded, vocab) != ids,
+        ..Default::default()
+    };
+    // Steps -> original ticks.
+    let tpq = score.ticks_per_quarter.max(1) as f64;
+    let ppq = cfg.positions_per_quarter as f64;
+    let step_ticks = tpq / ppq;
+    let exact_ticks = cfg.exact_duration_quarters as f64 * tpq;
+
+    type Key = (bool, u8, u8);
+    let mut orig: BTreeMap<Key, Vec<&Note>> = BTreeMap::new();
+    for n in &score.notes {
+        let (lo, hi) = if n.is_drum {
+            (cfg.drum_pitch_min, cfg.drum_pitch_max)
+        } else {
+            (cfg.pitch_min, cfg.pitch_max)
+        };
+        if (lo..=hi).contains(&n.pitch) {
+            orig.entry((n.is_drum, if n.is_drum { 0 } else { n.program }, n.pitch))
+                .or_default()
+                .push(n);
+        }
+    }
+    let mut dec: BTreeMap<Key, Vec<&Note>> = BTreeMap::new();
+    for n in &decoded.notes {
+        dec.entry((n.is_drum, n.program, n.pitch)).or_default().push(n);
+    }
+    for (key, mut a) in orig {
+        let mut b = dec.remove(&key).unwrap_or_default();
+        // Pair notes in the order quantization keeps.
+        let snap = |t: u64| (t as f64 / step_ticks).round() as u64;
+        a.sort_by_key(|n| (snap(n.start), snap(n.duration).max(1), n.velocity, n.start));
+        b.sort_by_key(|n| (n.start, n.duration, n.velocity));
+        f.missing_or_extra += a.len().abs_diff(b.len());
+        for (x, y) in a.iter().zip(&b) {
+            let onset_err = (y.start as f64 * step_ticks - x.start as f64).abs() / step_ticks;
+            f.max_onset_error_steps = f.max_onset_error_steps.max(onset_err);
+            if onset_err > 0.5 + 1e-9 {
+                f.onset_errors += 1;
+            }
+            let d0 = x.duration as f64;
+            let d1 = y.duration as f64 * step_ticks;
+            let dur_ok = if d0 < step_ticks / 2.0 {
+                y.duration == 1 // lengthened to one step
+            } else if d0 <= exact_ticks {
+                (d1 - d0).abs() <= step_ticks / 2.0 + 1e-9
+            } else if d0 <= cfg.max_duration_quarters as f64 * tpq {
+                (d1 / d0 - 1.0).abs() <= 0.125 + (step_ticks / 2.0) / d0
+            } else {
+                true // clipped, counted apart
+            };
+            if !dur_ok {
+                f.duration_errors += 1;
+            }
+            let verr = (y.velocity as i32 - x.velocity as i32).abs();
+            f.max_velocity_error = f.max_velocity_error.max(verr);
+            if verr > 2 {
+                f.velocity_errors += 1;
+            }
+            let t0 = tempo_at(&score.tempos, x.start) as f64;
+            let t1 = tempo_at(&decoded.tempos, y.start) as f64;
+            let terr = (t1 / t0 - 1.0).abs();
+            let in_range = {
+                let bpm = 60e6 / t0;
+                bpm >= cfg.tempo_min_bpm && bpm <= cfg.tempo_max_bpm
+            };
+            if in_range {
+                f.max_tempo_error = f.max_tempo_error.max(terr);
+                if terr > 0.02 {
+                    f.tempo_errors += 1;
+                }
+            }
+        }
+    }
+    f.missing_or_extra += dec.values().map(Vec::len).sum::<usize>();
+    // Every supported signature event holds from its (quantized) tick on,
+    // unless a later event at the same step replaced it or it was moved to a
+    // bar line (reported by quantize).
+    let to_step = |t: u64| (t as f64 / step_ticks).round() as u64;
+    if q.moved_time_signatures == 0 {
+        for (i, ts) in score.time_signatures.iter().enumerate() {
+            let s = to_step(ts.tick);
+            // A later event within the first bar cuts that bar short: the
+            // short bar then carries a signature of its own length.
+            let bar = cfg.bar_steps(ts.numerator.max(1), ts.denominator.max(1)) as u64;
+            let replaced = score.time_signatures[i + 1..]
+                .iter()
+                .any(|t| to_step(t.tick) < s + bar);
+            if !replaced
+                && cfg.is_supported_time_signature(ts.numerator, ts.denominator)
+                && sig_at(&decoded.time_signatures, s) != (ts.numerator, ts.denominator)
+            {
+                f.time_signature_errors += 1;
+            }
+        }
+    }
+
+    f
+}
