@@ -45,7 +45,8 @@ fn every_corpus_file_round_trips_within_bounds() {
                 total.dropped_out_of_range += f.dropped_out_of_range;
                 total.clipped += f.clipped;
                 total.unsupported_time_signatures += f.unsupported_time_signatures;
-                total.max_onset_error_steps = total.max_onset_error_steps.max(f.max_onset_error_steps);
+                total.max_onset_error_steps =
+                    total.max_onset_error_steps.max(f.max_onset_error_steps);
                 total.max_velocity_error = total.max_velocity_error.max(f.max_velocity_error);
                 total.max_tempo_error = total.max_tempo_error.max(f.max_tempo_error);
                 if !f.is_perfect() {

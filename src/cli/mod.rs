@@ -8,7 +8,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "cadenza", version, about = "Symbolic music with a linear-attention Performer and stochastic positional encoding")]
+#[command(
+    name = "cadenza",
+    version,
+    about = "Symbolic music with a linear-attention Performer and stochastic positional encoding"
+)]
 pub struct Cli {
     /// Print debug logs.
     #[arg(long, short, global = true)]

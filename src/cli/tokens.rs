@@ -93,8 +93,8 @@ pub fn encode(a: EncodeArgs) -> Result<i32> {
 /// Reads token strings or ids separated by whitespace; errors name the file,
 /// the line and the token.
 pub fn read_token_file(path: &std::path::Path, vocab: &tokenizer::Vocab) -> Result<Vec<u32>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut ids = Vec::new();
     for (ln, line) in text.lines().enumerate() {
         for word in line.split_whitespace() {
@@ -228,20 +228,30 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
         m.warnings.len()
     );
     println!("dataset written to {}", a.output.display());
-    Ok(if a.strict && !m.skipped.is_empty() { 2 } else { 0 })
+    Ok(if a.strict && !m.skipped.is_empty() {
+        2
+    } else {
+        0
+    })
 }
 
 pub fn vocab(a: VocabArgs) -> Result<i32> {
     let config = match &a.config {
         Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
-            toml::from_str(&text).with_context(|| format!("{}: bad tokenizer config", p.display()))?
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            toml::from_str(&text)
+                .with_context(|| format!("{}: bad tokenizer config", p.display()))?
         }
         None => tokenizer::RemiConfig::default(),
     };
     let v = tokenizer::Vocab::new(config)?;
     v.save(&a.output)?;
-    println!("wrote {} ({} tokens, hash {})", a.output.display(), v.len(), v.hash());
+    println!(
+        "wrote {} ({} tokens, hash {})",
+        a.output.display(),
+        v.len(),
+        v.hash()
+    );
     Ok(0)
 }

@@ -110,6 +110,12 @@ pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
         }
     }
     events.sort_by_key(|&(tick, ti, ei, _)| (tick, ti, ei));
+    // midly's lenient mode reads a cut-off chunk as far as it goes: tell.
+    report.truncated_tracks = report.truncated_tracks.max(cut_chunks(bytes));
+    if bytes.starts_with(b"MThd") && bytes.len() >= 12 {
+        let declared = u16::from_be_bytes([bytes[10], bytes[11]]) as usize;
+        report.truncated_tracks += declared.saturating_sub(smf.tracks.len());
+    }
 
     let (ticks_per_quarter, scale) = match smf.header.timing {
         Timing::Metrical(tpq) => (tpq.as_int().max(1) as u32, None),
@@ -131,13 +137,15 @@ pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
     let mut score = Score::new(ticks_per_quarter);
     let mut programs = [0u8; 16];
     // Open notes per (track, channel, pitch), first in first out.
-    let mut open: HashMap<(usize, u8, u8), VecDeque<(u64, u8, u8)>> = HashMap::new();
+    let mut open: HashMap<NoteKey, VecDeque<OpenNote>> = HashMap::new();
     for &(tick, ti, _, kind) in &events {
         match kind {
             TrackEventKind::Midi { channel, message } => {
                 let ch = channel.as_int();
                 match message {
-                    MidiMessage::ProgramChange { program } => programs[ch as usize] = program.as_int(),
+                    MidiMessage::ProgramChange { program } => {
+                        programs[ch as usize] = program.as_int()
+                    }
                     MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => {
                         open.entry((ti, ch, key.as_int())).or_default().push_back((
                             tick,
@@ -146,7 +154,10 @@ pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
                         ));
                     }
                     MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
-                        match open.get_mut(&(ti, ch, key.as_int())).and_then(|q| q.pop_front()) {
+                        match open
+                            .get_mut(&(ti, ch, key.as_int()))
+                            .and_then(|q| q.pop_front())
+                        {
                             Some((start, velocity, program)) => score.notes.push(make_note(
                                 conv(start),
                                 conv(tick),
@@ -210,6 +221,27 @@ pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
     }
     score.sort();
     Ok((score, report))
+}
+
+/// (track, channel, pitch): notes pair first-in first-out within one key.
+type NoteKey = (usize, u8, u8);
+/// (start tick, velocity, program) of a sounding note.
+type OpenNote = (u64, u8, u8);
+
+/// Chunks whose declared length runs past the end of the file.
+fn cut_chunks(bytes: &[u8]) -> usize {
+    let mut at = if bytes.starts_with(b"RIFF") { 20 } else { 0 };
+    let mut cut = 0;
+    while at + 8 <= bytes.len() {
+        let len = u32::from_be_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+        let next = at + 8 + len as usize;
+        if next > bytes.len() {
+            cut += 1;
+            break;
+        }
+        at = next;
+    }
+    cut
 }
 
 fn make_note(start: u64, end: u64, pitch: u8, velocity: u8, program: u8, channel: u8) -> Note {

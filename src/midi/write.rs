@@ -59,7 +59,9 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
         ));
     }
     meta.sort_by_key(|(t, k, _)| (*t, *k));
-    tracks.push(with_deltas(meta.into_iter().map(|(t, _, e)| (t, e)).collect())?);
+    tracks.push(with_deltas(
+        meta.into_iter().map(|(t, _, e)| (t, e)).collect(),
+    )?);
 
     let mut instruments: Vec<Instrument> = score
         .notes

@@ -118,7 +118,7 @@ impl RemiConfig {
             && num <= self.max_numerator
             && self.denominators.contains(&den)
             && self.bar_steps(num, den) >= 1
-            && (self.positions_per_quarter * 4 * num as u32) % den as u32 == 0
+            && (self.positions_per_quarter * 4 * num as u32).is_multiple_of(den as u32)
     }
 
     /// Width of one velocity bin.
@@ -229,7 +229,10 @@ mod tests {
         c.validate().unwrap();
         for v in 1..=127u8 {
             let back = c.velocity_value(c.velocity_bin(v));
-            assert!((back as i32 - v as i32).abs() <= 2, "velocity {v} -> {back}");
+            assert!(
+                (back as i32 - v as i32).abs() <= 2,
+                "velocity {v} -> {back}"
+            );
         }
         for bpm10 in 200..=3200u32 {
             let us = (600_000_000.0 / bpm10 as f64) as u32;

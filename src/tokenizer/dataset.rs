@@ -254,8 +254,8 @@ impl Dataset {
             );
         }
         let path = dir.join(TOKENS_FILE);
-        let file =
-            std::fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        let file = std::fs::File::open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
         // SAFETY: the file is opened read-only and datasets are written
         // atomically (temporary file + rename), never modified in place.
         let tokens = unsafe { memmap2::Mmap::map(&file) }
@@ -271,7 +271,11 @@ impl Dataset {
         }
         for p in &pieces {
             if p.offset + p.len > n || p.len < 2 {
-                bail!("{}: piece {} lies outside tokens.bin", dir.display(), p.source);
+                bail!(
+                    "{}: piece {} lies outside tokens.bin",
+                    dir.display(),
+                    p.source
+                );
             }
         }
         Ok(Dataset {
@@ -296,7 +300,8 @@ impl Dataset {
     /// The ids of piece `i` (with BOS and EOS).
     pub fn piece_tokens(&self, i: usize) -> Vec<u32> {
         let p = &self.pieces[i];
-        (p.offset..p.offset + p.len).map(|j| self.token(j)).collect()
+        (p.offset..p.offset + p.len)
+            .map(|j| self.token(j))
+            .collect()
     }
 }
-

@@ -107,7 +107,9 @@ pub fn measure(score: &Score, vocab: &Vocab) -> Fidelity {
     }
     let mut dec: BTreeMap<Key, Vec<&Note>> = BTreeMap::new();
     for n in &decoded.notes {
-        dec.entry((n.is_drum, n.program, n.pitch)).or_default().push(n);
+        dec.entry((n.is_drum, n.program, n.pitch))
+            .or_default()
+            .push(n);
     }
     for (key, mut a) in orig {
         let mut b = dec.remove(&key).unwrap_or_default();

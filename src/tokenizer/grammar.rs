@@ -138,7 +138,13 @@ impl<'v> Grammar<'v> {
             (Ended, _) => false,
             (Start, Token::Bos) => !self.seen_bos && self.len == 0,
             (Start, Token::Bar | Token::Eos) => true,
-            (AfterBar, Token::TimeSig { numerator, denominator }) => (numerator, denominator) != self.sig,
+            (
+                AfterBar,
+                Token::TimeSig {
+                    numerator,
+                    denominator,
+                },
+            ) => (numerator, denominator) != self.sig,
             (AfterBar, Token::Bar) => true,
             (AfterBar, Token::Position(p)) => position_ok(p),
             (AfterTimeSig, Token::Eos) => true,
@@ -148,8 +154,12 @@ impl<'v> Grammar<'v> {
             (AfterTempo | AfterDuration, Token::Eos) => true,
             (AfterTempo | AfterDuration, Token::Program(p)) => self.key_allows(0, program_order(p)),
             (AfterTempo | AfterDuration, t) => next_of_bar(t),
-            (AfterProgram, Token::Pitch(p)) => self.key[0] != DRUMS as u16 && self.key_allows(1, p as u16),
-            (AfterProgram, Token::PitchDrum(p)) => self.key[0] == DRUMS as u16 && self.key_allows(1, p as u16),
+            (AfterProgram, Token::Pitch(p)) => {
+                self.key[0] != DRUMS as u16 && self.key_allows(1, p as u16)
+            }
+            (AfterProgram, Token::PitchDrum(p)) => {
+                self.key[0] == DRUMS as u16 && self.key_allows(1, p as u16)
+            }
             (AfterPitch, Token::Velocity(b)) => self.key_allows(2, b as u16),
             (AfterVelocity, Token::Duration(d)) => self.key_allows(3, d),
             _ => false,
@@ -183,7 +193,10 @@ impl<'v> Grammar<'v> {
                 self.last_key = None;
                 AfterBar
             }
-            Token::TimeSig { numerator, denominator } => {
+            Token::TimeSig {
+                numerator,
+                denominator,
+            } => {
                 self.sig = (numerator, denominator);
                 AfterTimeSig
             }
@@ -222,7 +235,8 @@ impl<'v> Grammar<'v> {
     pub fn allowed_types(&self) -> Vec<TokenType> {
         use TokenType::*;
         let all = [
-            Pad, Bos, Eos, Bar, TimeSig, Position, Tempo, Program, Pitch, PitchDrum, Velocity, Duration,
+            Pad, Bos, Eos, Bar, TimeSig, Position, Tempo, Program, Pitch, PitchDrum, Velocity,
+            Duration,
         ];
         all.into_iter()
             .filter(|&k| self.vocab.range(k).any(|id| self.allows(id)))

@@ -9,8 +9,8 @@
 //! ids that a model was trained with.
 
 mod config;
-pub mod fidelity;
 pub mod dataset;
+pub mod fidelity;
 mod grammar;
 mod quantize;
 mod remi;
@@ -28,7 +28,7 @@ pub const OUTPUT_TICKS_PER_QUARTER: u32 = 480;
 /// A decoded score on a common MIDI resolution (480 ticks per quarter when the
 /// grid divides it).
 pub fn to_output_resolution(score: &crate::midi::Score) -> crate::midi::Score {
-    if OUTPUT_TICKS_PER_QUARTER % score.ticks_per_quarter.max(1) == 0 {
+    if OUTPUT_TICKS_PER_QUARTER.is_multiple_of(score.ticks_per_quarter.max(1)) {
         score.rescaled(OUTPUT_TICKS_PER_QUARTER)
     } else {
         score.clone()

@@ -72,8 +72,7 @@ fn supported_signature(cfg: &RemiConfig, num: u8, den: u8) -> Option<(u8, u8)> {
         n /= 2;
         d /= 2;
     }
-    while n > 0 && n * 2 <= cfg.max_numerator as u32 && d < *cfg.denominators.iter().max()? as u32
-    {
+    while n > 0 && n * 2 <= cfg.max_numerator as u32 && d < *cfg.denominators.iter().max()? as u32 {
         if cfg.is_supported_time_signature(n as u8, d as u8) {
             break;
         }

@@ -59,7 +59,11 @@ pub fn encode_quantized(q: &Score, vocab: &Vocab) -> Vec<u32> {
                 ti += 1;
             }
             while let Some(n) = q.notes.get(ni).filter(|n| n.start == pos) {
-                out.push(id(Token::Program(if n.is_drum { DRUMS } else { n.program })));
+                out.push(id(Token::Program(if n.is_drum {
+                    DRUMS
+                } else {
+                    n.program
+                })));
                 out.push(id(if n.is_drum {
                     Token::PitchDrum(n.pitch)
                 } else {

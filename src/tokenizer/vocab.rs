@@ -23,7 +23,10 @@ pub enum Token {
     Bos,
     Eos,
     Bar,
-    TimeSig { numerator: u8, denominator: u8 },
+    TimeSig {
+        numerator: u8,
+        denominator: u8,
+    },
     Position(u16),
     Tempo(u16),
     /// 0..=127, or [`DRUMS`].
@@ -235,8 +238,9 @@ impl Vocab {
             Token::Position(p) => in_range(l.position, p as u32, l.tempo - l.position),
             Token::Tempo(b) => in_range(l.tempo, b as u32, l.program - l.tempo),
             Token::Program(p) => in_range(l.program, p as u32, 129),
-            Token::Pitch(p) => (p >= c.pitch_min && p <= c.pitch_max)
-                .then(|| l.pitch + (p - c.pitch_min) as u32),
+            Token::Pitch(p) => {
+                (p >= c.pitch_min && p <= c.pitch_max).then(|| l.pitch + (p - c.pitch_min) as u32)
+            }
             Token::PitchDrum(p) => (p >= c.drum_pitch_min && p <= c.drum_pitch_max)
                 .then(|| l.pitch_drum + (p - c.drum_pitch_min) as u32),
             Token::Velocity(b) => in_range(l.velocity, b as u32, l.duration - l.velocity),

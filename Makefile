@@ -1,0 +1,28 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Each installs what it lacks (libtorch into .venv, a General MIDI SoundFont).
+
+CARGO ?= cargo
+SHELL := /bin/bash
+
+.PHONY: demo test setup corpus-test bench lint fmt
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	@bash scripts/demo.sh
+
+test: setup
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) test
+
+# Round trips over the whole shared corpus (../shared/corpus or $$CADENZA_CORPUS).
+corpus-test: setup
+	$(CARGO) test --test corpus -- --ignored --nocapture
+
+bench: setup
+	$(CARGO) bench
+
+fmt:
+	$(CARGO) fmt
