@@ -7,6 +7,8 @@
 
 pub mod cli;
 pub mod midi;
+pub mod model;
 pub mod render;
 pub mod tokenizer;
+pub mod train;
 pub mod util;

@@ -1,5 +1,6 @@
 //! The `cadenza` command line.
 
+mod learn;
 mod tokens;
 
 use std::path::PathBuf;
@@ -33,6 +34,10 @@ pub enum Command {
     Tokenize(tokens::TokenizeArgs),
     /// Write the tokenizer's vocabulary as JSON.
     Vocab(tokens::VocabArgs),
+    /// Train a model (or resume a run) on a dataset or a MIDI folder.
+    Train(learn::TrainArgs),
+    /// Per-position NLL of a trained model on held-out pieces.
+    Eval(learn::EvalArgs),
 }
 
 /// Options shared by commands that tokenize.
@@ -60,5 +65,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Inspect(a) => tokens::inspect(a),
         Command::Tokenize(a) => tokens::tokenize(a),
         Command::Vocab(a) => tokens::vocab(a),
+        Command::Train(a) => learn::train(a),
+        Command::Eval(a) => learn::eval(a),
     }
 }

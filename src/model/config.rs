@@ -8,9 +8,19 @@ use serde::{Deserialize, Serialize};
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum PositionalEncoding {
     /// Sinusoidal stochastic positional encoding (periodic kernel), `sines` = K, `realizations` = R.
-    SpeSine { sines: i64, realizations: i64, gated: bool, shared: bool },
+    SpeSine {
+        sines: i64,
+        realizations: i64,
+        gated: bool,
+        shared: bool,
+    },
     /// Convolutional stochastic positional encoding (finite support kernel of length `kernel`).
-    SpeConv { kernel: i64, realizations: i64, gated: bool, shared: bool },
+    SpeConv {
+        kernel: i64,
+        realizations: i64,
+        gated: bool,
+        shared: bool,
+    },
     /// Additive sinusoidal absolute positional encoding (no maximum length).
     Ape,
     /// No positional information at all.
@@ -19,7 +29,10 @@ pub enum PositionalEncoding {
 
 impl PositionalEncoding {
     pub fn is_spe(&self) -> bool {
-        matches!(self, PositionalEncoding::SpeSine { .. } | PositionalEncoding::SpeConv { .. })
+        matches!(
+            self,
+            PositionalEncoding::SpeSine { .. } | PositionalEncoding::SpeConv { .. }
+        )
     }
 
     /// Number of realizations R when SPE is on.
@@ -46,7 +59,11 @@ impl PositionalEncoding {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum AttentionKind {
     /// FAVOR+ linear attention with `features` positive orthogonal random features.
-    Favor { features: i64, antithetic: bool, redraw_prob: f64 },
+    Favor {
+        features: i64,
+        antithetic: bool,
+        redraw_prob: f64,
+    },
     /// Exact causal softmax attention (reference; quadratic in the length).
     Softmax,
 }
@@ -86,7 +103,10 @@ impl ModelConfig {
             "tiny" => (64, 2, 4, 128, 32, 0.0, 64),
             "small" => (256, 4, 4, 1024, 64, 0.1, 128),
             "base" => (512, 24, 8, 2048, 128, 0.1, 128),
-            other => bail!("unknown model preset {other:?}; valid presets: {}", PRESETS.join(", ")),
+            other => bail!(
+                "unknown model preset {other:?}; valid presets: {}",
+                PRESETS.join(", ")
+            ),
         };
         let d = Self::spe_defaults_for(d_model, n_layers);
         let cfg = ModelConfig {
@@ -102,7 +122,11 @@ impl ModelConfig {
                 gated: true,
                 shared: true,
             },
-            attention: AttentionKind::Favor { features, antithetic: false, redraw_prob: 0.05 },
+            attention: AttentionKind::Favor {
+                features,
+                antithetic: false,
+                redraw_prob: 0.05,
+            },
             chunk_size: chunk,
             tie_embeddings: true,
         };
@@ -112,12 +136,36 @@ impl ModelConfig {
 
     fn spe_defaults_for(d_model: i64, n_layers: i64) -> SpeDefaults {
         match (d_model, n_layers) {
-            (64, 2) => SpeDefaults { sines: 5, realizations: 16, kernel: 16 },
-            (256, 4) => SpeDefaults { sines: 5, realizations: 32, kernel: 64 },
-            (512, 24) => SpeDefaults { sines: 5, realizations: 64, kernel: 128 },
-            _ if d_model <= 64 => SpeDefaults { sines: 5, realizations: 16, kernel: 16 },
-            _ if d_model <= 256 => SpeDefaults { sines: 5, realizations: 32, kernel: 64 },
-            _ => SpeDefaults { sines: 5, realizations: 64, kernel: 128 },
+            (64, 2) => SpeDefaults {
+                sines: 5,
+                realizations: 16,
+                kernel: 16,
+            },
+            (256, 4) => SpeDefaults {
+                sines: 5,
+                realizations: 32,
+                kernel: 64,
+            },
+            (512, 24) => SpeDefaults {
+                sines: 5,
+                realizations: 64,
+                kernel: 128,
+            },
+            _ if d_model <= 64 => SpeDefaults {
+                sines: 5,
+                realizations: 16,
+                kernel: 16,
+            },
+            _ if d_model <= 256 => SpeDefaults {
+                sines: 5,
+                realizations: 32,
+                kernel: 64,
+            },
+            _ => SpeDefaults {
+                sines: 5,
+                realizations: 64,
+                kernel: 128,
+            },
         }
     }
 
@@ -129,13 +177,23 @@ impl ModelConfig {
         let (mut sines, mut realizations, mut kernel, mut gated, mut shared) =
             (d.sines, d.realizations, d.kernel, true, true);
         match &self.positional {
-            PositionalEncoding::SpeSine { sines: k, realizations: r, gated: g, shared: s } => {
+            PositionalEncoding::SpeSine {
+                sines: k,
+                realizations: r,
+                gated: g,
+                shared: s,
+            } => {
                 sines = *k;
                 realizations = *r;
                 gated = *g;
                 shared = *s;
             }
-            PositionalEncoding::SpeConv { kernel: k, realizations: r, gated: g, shared: s } => {
+            PositionalEncoding::SpeConv {
+                kernel: k,
+                realizations: r,
+                gated: g,
+                shared: s,
+            } => {
                 kernel = *k;
                 realizations = *r;
                 gated = *g;
@@ -144,8 +202,18 @@ impl ModelConfig {
             _ => {}
         }
         self.positional = match name {
-            "spe-sine" => PositionalEncoding::SpeSine { sines, realizations, gated, shared },
-            "spe-conv" => PositionalEncoding::SpeConv { kernel, realizations, gated, shared },
+            "spe-sine" => PositionalEncoding::SpeSine {
+                sines,
+                realizations,
+                gated,
+                shared,
+            },
+            "spe-conv" => PositionalEncoding::SpeConv {
+                kernel,
+                realizations,
+                gated,
+                shared,
+            },
             "ape" => PositionalEncoding::Ape,
             "none" => PositionalEncoding::None,
             other => bail!(
@@ -163,7 +231,9 @@ impl ModelConfig {
 
     /// Dimension of queries/keys as they enter the attention (R with SPE, head dim otherwise).
     pub fn qk_dim(&self) -> i64 {
-        self.positional.realizations().unwrap_or_else(|| self.head_dim())
+        self.positional
+            .realizations()
+            .unwrap_or_else(|| self.head_dim())
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -187,20 +257,36 @@ impl ModelConfig {
             );
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            bail!("model config: dropout must be in [0, 1) (got {})", self.dropout);
+            bail!(
+                "model config: dropout must be in [0, 1) (got {})",
+                self.dropout
+            );
         }
         match &self.positional {
-            PositionalEncoding::SpeSine { sines, realizations, .. } => {
+            PositionalEncoding::SpeSine {
+                sines,
+                realizations,
+                ..
+            } => {
                 pos("positional.sines", *sines)?;
                 pos("positional.realizations", *realizations)?;
             }
-            PositionalEncoding::SpeConv { kernel, realizations, .. } => {
+            PositionalEncoding::SpeConv {
+                kernel,
+                realizations,
+                ..
+            } => {
                 pos("positional.kernel", *kernel)?;
                 pos("positional.realizations", *realizations)?;
             }
             PositionalEncoding::Ape | PositionalEncoding::None => {}
         }
-        if let AttentionKind::Favor { features, antithetic, redraw_prob } = &self.attention {
+        if let AttentionKind::Favor {
+            features,
+            antithetic,
+            redraw_prob,
+        } = &self.attention
+        {
             pos("attention.features", *features)?;
             if *antithetic && features % 2 != 0 {
                 bail!("model config: antithetic FAVOR+ needs an even number of features (got {features})");
@@ -224,9 +310,15 @@ mod tests {
             c.validate().unwrap();
         }
         let base = ModelConfig::preset("base", 333).unwrap();
-        assert_eq!((base.n_layers, base.d_model, base.n_heads, base.d_ff), (24, 512, 8, 2048));
+        assert_eq!(
+            (base.n_layers, base.d_model, base.n_heads, base.d_ff),
+            (24, 512, 8, 2048)
+        );
         let err = ModelConfig::preset("huge", 10).unwrap_err().to_string();
-        assert!(err.contains("tiny") && err.contains("small") && err.contains("base"), "{err}");
+        assert!(
+            err.contains("tiny") && err.contains("small") && err.contains("base"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -235,11 +327,24 @@ mod tests {
         let conv = c.clone().with_positional("spe-conv").unwrap();
         assert_eq!(
             conv.positional,
-            PositionalEncoding::SpeConv { kernel: 64, realizations: 32, gated: true, shared: true }
+            PositionalEncoding::SpeConv {
+                kernel: 64,
+                realizations: 32,
+                gated: true,
+                shared: true
+            }
         );
-        let back = conv.with_positional("ape").unwrap().with_positional("spe-sine").unwrap();
+        let back = conv
+            .with_positional("ape")
+            .unwrap()
+            .with_positional("spe-sine")
+            .unwrap();
         assert_eq!(back.positional, c.positional);
-        assert!(c.with_positional("rope").unwrap_err().to_string().contains("spe-conv"));
+        assert!(c
+            .with_positional("rope")
+            .unwrap_err()
+            .to_string()
+            .contains("spe-conv"));
     }
 
     #[test]
@@ -251,15 +356,25 @@ mod tests {
         c.vocab_size = 0;
         assert!(c.validate().unwrap_err().to_string().contains("vocab_size"));
         let mut c = ModelConfig::preset("tiny", 50).unwrap();
-        c.attention = AttentionKind::Favor { features: 7, antithetic: true, redraw_prob: 0.0 };
+        c.attention = AttentionKind::Favor {
+            features: 7,
+            antithetic: true,
+            redraw_prob: 0.0,
+        };
         assert!(c.validate().unwrap_err().to_string().contains("even"));
     }
 
     #[test]
     fn serde_roundtrip_and_tags() {
-        let c = ModelConfig::preset("tiny", 50).unwrap().with_positional("spe-conv").unwrap();
+        let c = ModelConfig::preset("tiny", 50)
+            .unwrap()
+            .with_positional("spe-conv")
+            .unwrap();
         let s = serde_json::to_string(&c).unwrap();
-        assert!(s.contains("\"kind\":\"spe-conv\"") && s.contains("\"kind\":\"favor\""), "{s}");
+        assert!(
+            s.contains("\"kind\":\"spe-conv\"") && s.contains("\"kind\":\"favor\""),
+            "{s}"
+        );
         let back: ModelConfig = serde_json::from_str(&s).unwrap();
         assert_eq!(back, c);
         let a: PositionalEncoding = serde_json::from_str(r#"{"kind":"ape"}"#).unwrap();

@@ -42,18 +42,38 @@ impl FavorFeatures {
         let blocks = (n + dim - 1) / dim;
         let g = Tensor::randn([blocks, dim, dim], (Kind::Double, device));
         let chi = Tensor::randn([n, dim], (Kind::Double, device));
-        FavorFeatures { proj: orthogonal_rows(&g, &chi, n), antithetic }
+        FavorFeatures {
+            proj: orthogonal_rows(&g, &chi, n),
+            antithetic,
+        }
     }
 
     /// Deterministic draw from (seed, layer).
-    pub fn seeded(seed: u64, layer: u64, features: i64, dim: i64, antithetic: bool, device: Device) -> FavorFeatures {
+    pub fn seeded(
+        seed: u64,
+        layer: u64,
+        features: i64,
+        dim: i64,
+        antithetic: bool,
+        device: Device,
+    ) -> FavorFeatures {
         let n = Self::dirs(features, antithetic);
         let blocks = (n + dim - 1) / dim;
-        let g = noise::keyed_randn(seed, noise::TAG_FAVOR, layer, 0, &[blocks, dim, dim], Device::Cpu)
-            .to_kind(Kind::Double);
+        let g = noise::keyed_randn(
+            seed,
+            noise::TAG_FAVOR,
+            layer,
+            0,
+            &[blocks, dim, dim],
+            Device::Cpu,
+        )
+        .to_kind(Kind::Double);
         let chi = noise::keyed_randn(seed, noise::TAG_FAVOR, layer, 1, &[n, dim], Device::Cpu)
             .to_kind(Kind::Double);
-        FavorFeatures { proj: orthogonal_rows(&g, &chi, n).to_device(device), antithetic }
+        FavorFeatures {
+            proj: orthogonal_rows(&g, &chi, n).to_device(device),
+            antithetic,
+        }
     }
 
     /// phi(x) for x (..., dim) (already scaled by dim^(-1/4)); returns (..., M) f32.
@@ -78,14 +98,17 @@ impl FavorFeatures {
 /// Rows of orthogonal blocks (QR of Gaussian blocks), rescaled by chi norms (row norms of `chi`).
 fn orthogonal_rows(g: &Tensor, chi: &Tensor, n: i64) -> Tensor {
     let (q, r) = Tensor::linalg_qr(g, "reduced"); // (blocks, dim, dim), orthonormal columns
-    // Fix the signs so that diag(R) > 0: then Q is Haar-distributed and each row is a uniform
-    // direction (LAPACK's Householder signs would otherwise bias the directions).
+                                                  // Fix the signs so that diag(R) > 0: then Q is Haar-distributed and each row is a uniform
+                                                  // direction (LAPACK's Householder signs would otherwise bias the directions).
     let sign = r.diagonal(0, -2, -1).sign();
     let sign = sign.where_self(&sign.ne(0.0), &sign.ones_like());
     let q = q * sign.unsqueeze(-2);
     let dim = g.size()[1];
     let rows = q.transpose(-1, -2).reshape([-1, dim]).narrow(0, 0, n);
-    let norms = chi.square().sum_dim_intlist([-1i64].as_slice(), true, None).sqrt();
+    let norms = chi
+        .square()
+        .sum_dim_intlist([-1i64].as_slice(), true, None)
+        .sqrt();
     (rows * norms).to_kind(Kind::Float)
 }
 
@@ -108,7 +131,13 @@ pub fn causal_linear_attention(
     let c = chunk.min(l).max(1);
     let n = (l + c - 1) / c;
     let pad = n * c - l;
-    let padf = |t: &Tensor| if pad > 0 { t.constant_pad_nd([0, 0, 0, pad]) } else { t.shallow_clone() };
+    let padf = |t: &Tensor| {
+        if pad > 0 {
+            t.constant_pad_nd([0, 0, 0, pad])
+        } else {
+            t.shallow_clone()
+        }
+    };
     let q = padf(phi_q).reshape([b, h, n, c, m]);
     let k = padf(phi_k).reshape([b, h, n, c, m]);
     let vv = padf(v).reshape([b, h, n, c, dv]);
@@ -120,8 +149,20 @@ pub fn causal_linear_attention(
     let ks = k.sum_dim_intlist([-2i64].as_slice(), false, None); // (B, H, n, M)
     let kv_cum = kv.cumsum(2, None);
     let ks_cum = ks.cumsum(2, None);
-    let mut s_prev = Tensor::cat(&[Tensor::zeros([b, h, 1, m, dv], (Kind::Float, dev)), kv_cum.narrow(2, 0, n - 1)], 2);
-    let mut z_prev = Tensor::cat(&[Tensor::zeros([b, h, 1, m], (Kind::Float, dev)), ks_cum.narrow(2, 0, n - 1)], 2);
+    let mut s_prev = Tensor::cat(
+        &[
+            Tensor::zeros([b, h, 1, m, dv], (Kind::Float, dev)),
+            kv_cum.narrow(2, 0, n - 1),
+        ],
+        2,
+    );
+    let mut z_prev = Tensor::cat(
+        &[
+            Tensor::zeros([b, h, 1, m], (Kind::Float, dev)),
+            ks_cum.narrow(2, 0, n - 1),
+        ],
+        2,
+    );
     let mut s_end = kv_cum.select(2, n - 1);
     let mut z_end = ks_cum.select(2, n - 1);
     if let Some((s0, z0)) = state {
@@ -132,13 +173,21 @@ pub fn causal_linear_attention(
     }
     num = num + q.matmul(&s_prev);
     den = den + q.matmul(&z_prev.unsqueeze(-1));
-    let out = (num / (den + EPS)).reshape([b, h, n * c, dv]).narrow(2, 0, l);
+    let out = (num / (den + EPS))
+        .reshape([b, h, n * c, dv])
+        .narrow(2, 0, l);
     (out, s_end, z_end)
 }
 
 /// One recurrent step: phi_q, phi_k (B, H, M), v (B, H, Dv); updates s (B, H, M, Dv), z (B, H, M)
 /// in place-free fashion and returns (out (B, H, Dv), s', z').
-pub fn recurrent_step(phi_q: &Tensor, phi_k: &Tensor, v: &Tensor, s: &Tensor, z: &Tensor) -> (Tensor, Tensor, Tensor) {
+pub fn recurrent_step(
+    phi_q: &Tensor,
+    phi_k: &Tensor,
+    v: &Tensor,
+    s: &Tensor,
+    z: &Tensor,
+) -> (Tensor, Tensor, Tensor) {
     let s = s + phi_k.unsqueeze(-1) * v.unsqueeze(-2);
     let z = z + phi_k;
     let num = phi_q.unsqueeze(-2).matmul(&s).squeeze_dim(-2);
@@ -167,7 +216,10 @@ mod tests {
         // same seed, same features; other seed differs
         let f2 = FavorFeatures::seeded(1, 0, 20, 8, false, Device::Cpu);
         assert_eq!(f.proj, f2.proj);
-        assert_ne!(f.proj, FavorFeatures::seeded(2, 0, 20, 8, false, Device::Cpu).proj);
+        assert_ne!(
+            f.proj,
+            FavorFeatures::seeded(2, 0, 20, 8, false, Device::Cpu).proj
+        );
     }
 
     #[test]
@@ -176,13 +228,19 @@ mod tests {
         let dim = 8;
         let x = noise::keyed_randn(100, 0, 0, 0, &[6, dim], Device::Cpu) * 0.3;
         let y = noise::keyed_randn(100, 0, 0, 1, &[6, dim], Device::Cpu) * 0.3;
-        let exact = (&x * &y).sum_dim_intlist([-1i64].as_slice(), false, None).exp();
+        let exact = (&x * &y)
+            .sum_dim_intlist([-1i64].as_slice(), false, None)
+            .exp();
         for anti in [false, true] {
             let mut acc = exact.zeros_like();
             let draws = 400;
             for i in 0..draws {
                 let f = FavorFeatures::seeded(9, i, 64, dim, anti, Device::Cpu);
-                acc += (f.features(&x, false) * f.features(&y, false)).sum_dim_intlist([-1i64].as_slice(), false, None);
+                acc += (f.features(&x, false) * f.features(&y, false)).sum_dim_intlist(
+                    [-1i64].as_slice(),
+                    false,
+                    None,
+                );
             }
             let est = acc / draws as f64;
             let e = rel(&est, &exact);
@@ -199,10 +257,19 @@ mod tests {
         let v = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu));
         let scores = q.matmul(&k.transpose(-1, -2)) / (d as f64).sqrt();
         let mask = Tensor::ones([l, l], (Kind::Bool, Device::Cpu)).triu(1);
-        let exact = scores.masked_fill(&mask, f64::NEG_INFINITY).softmax(-1, None).matmul(&v);
+        let exact = scores
+            .masked_fill(&mask, f64::NEG_INFINITY)
+            .softmax(-1, None)
+            .matmul(&v);
         let f = FavorFeatures::seeded(3, 0, 4096, d, true, Device::Cpu);
         let sc = (d as f64).powf(-0.25);
-        let (out, _, _) = causal_linear_attention(&f.features(&(&q * sc), true), &f.features(&(&k * sc), false), &v, 8, None);
+        let (out, _, _) = causal_linear_attention(
+            &f.features(&(&q * sc), true),
+            &f.features(&(&k * sc), false),
+            &v,
+            8,
+            None,
+        );
         let e = (&out - &exact).norm().double_value(&[]) / exact.norm().double_value(&[]);
         assert!(e < 0.05, "FAVOR+ vs softmax relative error {e}");
     }
@@ -217,13 +284,19 @@ mod tests {
         let q = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu)) * 0.3;
         let k = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu)) * 0.3;
         let v = Tensor::randn([b, h, l, d], (Kind::Float, Device::Cpu));
-        let (o1, _, _) = causal_linear_attention(&f.features(&q, true), &f.features(&k, false), &v, 8, None);
+        let (o1, _, _) =
+            causal_linear_attention(&f.features(&q, true), &f.features(&k, false), &v, 8, None);
         let k2 = k.copy();
-        let big = f.proj.get(0).view([1, 1, 1, d]).expand([b, h, l - t, d], false);
+        let big = f
+            .proj
+            .get(0)
+            .view([1, 1, 1, d])
+            .expand([b, h, l - t, d], false);
         k2.narrow(2, t, l - t).copy_(&big);
         let v2 = v.copy();
         let _ = v2.narrow(2, t, l - t).fill_(100.0);
-        let (o2, _, _) = causal_linear_attention(&f.features(&q, true), &f.features(&k2, false), &v2, 8, None);
+        let (o2, _, _) =
+            causal_linear_attention(&f.features(&q, true), &f.features(&k2, false), &v2, 8, None);
         let e = rel(&o2.narrow(2, 0, t), &o1.narrow(2, 0, t));
         assert!(e < 1e-6, "past outputs changed: {e}");
         assert!(rel(&o2, &o1) > 1e-2, "the test perturbation had no effect");
@@ -239,19 +312,35 @@ mod tests {
         let (o_ref, s_ref, z_ref) = causal_linear_attention(&pq, &pk, &v, 64, None);
         for c in [1, 5, 8, 37] {
             let (o, s, z) = causal_linear_attention(&pq, &pk, &v, c, None);
-            assert!(rel(&o, &o_ref) < 1e-5 && rel(&s, &s_ref) < 1e-5 && rel(&z, &z_ref) < 1e-5, "chunk {c}");
+            assert!(
+                rel(&o, &o_ref) < 1e-5 && rel(&s, &s_ref) < 1e-5 && rel(&z, &z_ref) < 1e-5,
+                "chunk {c}"
+            );
         }
         let mut s = Tensor::zeros([b, h, m, dv], (Kind::Float, Device::Cpu));
         let mut z = Tensor::zeros([b, h, m], (Kind::Float, Device::Cpu));
         for i in 0..l {
-            let (o, s2, z2) = recurrent_step(&pq.select(2, i), &pk.select(2, i), &v.select(2, i), &s, &z);
+            let (o, s2, z2) =
+                recurrent_step(&pq.select(2, i), &pk.select(2, i), &v.select(2, i), &s, &z);
             assert!(rel(&o, &o_ref.select(2, i)) < 1e-5, "step {i}");
             s = s2;
             z = z2;
         }
         // split into a carried prefix and a suffix
-        let (_, s1, z1) = causal_linear_attention(&pq.narrow(2, 0, 10), &pk.narrow(2, 0, 10), &v.narrow(2, 0, 10), 4, None);
-        let (o2, _, _) = causal_linear_attention(&pq.narrow(2, 10, l - 10), &pk.narrow(2, 10, l - 10), &v.narrow(2, 10, l - 10), 4, Some((&s1, &z1)));
+        let (_, s1, z1) = causal_linear_attention(
+            &pq.narrow(2, 0, 10),
+            &pk.narrow(2, 0, 10),
+            &v.narrow(2, 0, 10),
+            4,
+            None,
+        );
+        let (o2, _, _) = causal_linear_attention(
+            &pq.narrow(2, 10, l - 10),
+            &pk.narrow(2, 10, l - 10),
+            &v.narrow(2, 10, l - 10),
+            4,
+            Some((&s1, &z1)),
+        );
         assert!(rel(&o2, &o_ref.narrow(2, 10, l - 10)) < 1e-5);
     }
 }

@@ -30,7 +30,14 @@ pub(crate) fn keyed_normals(seed: u64, tag: u64, a: u64, b: i64, n: usize) -> Ve
 }
 
 /// Standard normal tensor of `shape` from the keyed stream, f32 on `device`.
-pub(crate) fn keyed_randn(seed: u64, tag: u64, a: u64, b: i64, shape: &[i64], device: Device) -> Tensor {
+pub(crate) fn keyed_randn(
+    seed: u64,
+    tag: u64,
+    a: u64,
+    b: i64,
+    shape: &[i64],
+    device: Device,
+) -> Tensor {
     let n: i64 = shape.iter().product();
     let v = keyed_normals(seed, tag, a, b, n as usize);
     Tensor::from_slice(&v).reshape(shape).to_device(device)
@@ -56,7 +63,10 @@ pub(crate) fn conv_noise_columns(
     }
     let mut shape = vec![len];
     shape.extend_from_slice(rest);
-    Tensor::from_slice(&v).reshape(shape.as_slice()).to_device(device).to_kind(kind)
+    Tensor::from_slice(&v)
+        .reshape(shape.as_slice())
+        .to_device(device)
+        .to_kind(kind)
 }
 
 #[cfg(test)]

@@ -28,31 +28,72 @@ pub struct SineSpe {
 impl SineSpe {
     pub fn new(p: &nn::Path, heads: i64, dim: i64, sines: i64, realizations: i64) -> SineSpe {
         let shape = [heads, dim, sines];
-        let freqs = p.var("freqs", &shape, nn::Init::Randn { mean: -4.0, stdev: 1.0 });
-        let offsets = p.var("offsets", &shape, nn::Init::Randn { mean: 0.0, stdev: 1.0 });
-        let gains = p.var("gains", &shape, nn::Init::Randn { mean: 0.0, stdev: 1.0 });
+        let freqs = p.var(
+            "freqs",
+            &shape,
+            nn::Init::Randn {
+                mean: -4.0,
+                stdev: 1.0,
+            },
+        );
+        let offsets = p.var(
+            "offsets",
+            &shape,
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: 1.0,
+            },
+        );
+        let gains = p.var(
+            "gains",
+            &shape,
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: 1.0,
+            },
+        );
         // gains rescaled by 2 / sqrt(||gains||_2 over K)
         tch::no_grad(|| {
-            let norm = gains.square().sum_dim_intlist([-1i64].as_slice(), true, None).sqrt();
+            let norm = gains
+                .square()
+                .sum_dim_intlist([-1i64].as_slice(), true, None)
+                .sqrt();
             let scaled = &gains * 2.0 / norm.sqrt();
             let mut g = gains.shallow_clone();
             g.copy_(&scaled);
         });
-        SineSpe { freqs, offsets, gains, heads, dim, sines, realizations }
+        SineSpe {
+            freqs,
+            offsets,
+            gains,
+            heads,
+            dim,
+            sines,
+            realizations,
+        }
     }
 
     /// Z ~ N(0,1)/sqrt(2K), shape (H, D, 2K, R), drawn from torch's global RNG.
     pub fn draw_z(&self) -> Tensor {
         let opts = (self.freqs.kind(), self.freqs.device());
-        Tensor::randn([self.heads, self.dim, 2 * self.sines, self.realizations], opts)
-            / ((2 * self.sines) as f64).sqrt()
+        Tensor::randn(
+            [self.heads, self.dim, 2 * self.sines, self.realizations],
+            opts,
+        ) / ((2 * self.sines) as f64).sqrt()
     }
 
     /// Deterministic Z for (seed, code index).
     pub fn frozen_z(&self, seed: u64, code: u64) -> Tensor {
         let shape = [self.heads, self.dim, 2 * self.sines, self.realizations];
-        noise::keyed_randn(seed, noise::TAG_SINE_Z, code, 0, &shape, self.freqs.device())
-            .to_kind(self.freqs.kind())
+        noise::keyed_randn(
+            seed,
+            noise::TAG_SINE_Z,
+            code,
+            0,
+            &shape,
+            self.freqs.device(),
+        )
+        .to_kind(self.freqs.kind())
             / ((2 * self.sines) as f64).sqrt()
     }
 
@@ -86,7 +127,9 @@ impl SineSpe {
         let qph = &kph + self.offsets.to_kind(Kind::Double).unsqueeze(0);
         // interleaved [cos_0, sin_0, cos_1, sin_1, ...]
         let omega = |ph: &Tensor| {
-            Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([len, h, d, 2 * k]).to_kind(kind)
+            Tensor::stack(&[ph.cos(), ph.sin()], -1)
+                .reshape([len, h, d, 2 * k])
+                .to_kind(kind)
         };
         let oq = omega(&qph);
         let ok = omega(&kph);
@@ -97,7 +140,11 @@ impl SineSpe {
         let scale = ((r * d) as f64).powf(-0.25);
         let mk = |o: Tensor| -> Tensor {
             // (H, D, L, 2K) x (H, D, 2K, R) -> (H, D, L, R) -> (L, H, D, R)
-            o.permute([1, 2, 0, 3]).matmul(&zg).permute([2, 0, 1, 3]).contiguous() * scale
+            o.permute([1, 2, 0, 3])
+                .matmul(&zg)
+                .permute([2, 0, 1, 3])
+                .contiguous()
+                * scale
         };
         (mk(oq), mk(ok))
     }
@@ -122,7 +169,14 @@ impl ConvSpe {
         let shape = [heads, dim, kernel];
         let filter_q = p.var("filter_q", &shape, nn::Init::Uniform { lo: 0.0, up });
         let filter_k = p.var("filter_k", &shape, nn::Init::Uniform { lo: 0.0, up });
-        ConvSpe { filter_q, filter_k, heads, dim, kernel, realizations }
+        ConvSpe {
+            filter_q,
+            filter_k,
+            heads,
+            dim,
+            kernel,
+            realizations,
+        }
     }
 
     /// Shape of one noise column (one position).
@@ -133,7 +187,15 @@ impl ConvSpe {
     /// Training noise for a window of `len` positions: (len + k - 1, H, D, R) from torch's RNG.
     pub fn draw_noise(&self, len: i64) -> Tensor {
         let opts = (self.filter_q.kind(), self.filter_q.device());
-        Tensor::randn([len + self.kernel - 1, self.heads, self.dim, self.realizations], opts)
+        Tensor::randn(
+            [
+                len + self.kernel - 1,
+                self.heads,
+                self.dim,
+                self.realizations,
+            ],
+            opts,
+        )
     }
 
     /// Frozen noise for positions start-k+1 .. start+len-1 (len + k - 1 columns).
@@ -152,21 +214,19 @@ impl ConvSpe {
     /// Implied kernel P_d(delta) = sum_j fq[j] fk[j + delta]: (n_delta, H, D).
     pub fn kernel(&self, deltas: &[i64]) -> Tensor {
         let k = self.kernel;
-        let out: Vec<Tensor> = deltas
-            .iter()
-            .map(|&dl| {
-                if dl.abs() >= k {
-                    return self.filter_q.select(2, 0).zeros_like();
-                }
-                let n = k - dl.abs();
-                let (qs, ks) = if dl >= 0 { (0, dl) } else { (-dl, 0) };
-                (self.filter_q.narrow(2, qs, n) * self.filter_k.narrow(2, ks, n)).sum_dim_intlist(
-                    [-1i64].as_slice(),
-                    false,
-                    None,
-                )
-            })
-            .collect();
+        let out: Vec<Tensor> =
+            deltas
+                .iter()
+                .map(|&dl| {
+                    if dl.abs() >= k {
+                        return self.filter_q.select(2, 0).zeros_like();
+                    }
+                    let n = k - dl.abs();
+                    let (qs, ks) = if dl >= 0 { (0, dl) } else { (-dl, 0) };
+                    (self.filter_q.narrow(2, qs, n) * self.filter_k.narrow(2, ks, n))
+                        .sum_dim_intlist([-1i64].as_slice(), false, None)
+                })
+                .collect();
         Tensor::stack(&out, 0)
     }
 
@@ -180,9 +240,16 @@ impl ConvSpe {
         let scale = ((r * d) as f64).powf(-0.25);
         let mk = |f: &Tensor| -> Tensor {
             let w = f.reshape([h * d, 1, k]);
-            x.conv1d::<Tensor>(&w, None, [1i64].as_slice(), [0i64].as_slice(), [1i64].as_slice(), h * d)
-                .permute([2, 1, 0])
-                .reshape([len, h, d, r])
+            x.conv1d::<Tensor>(
+                &w,
+                None,
+                [1i64].as_slice(),
+                [0i64].as_slice(),
+                [1i64].as_slice(),
+                h * d,
+            )
+            .permute([2, 1, 0])
+            .reshape([len, h, d, r])
                 * scale
         };
         (mk(&self.filter_q), mk(&self.filter_k))
@@ -212,13 +279,27 @@ pub enum SpeCode {
 
 /// xi ~ N(0,1)/(D R)^(1/4), (H, D, R), from torch's global RNG.
 pub fn draw_xi(heads: i64, dim: i64, realizations: i64, kind: Kind, device: Device) -> Tensor {
-    Tensor::randn([heads, dim, realizations], (kind, device)) * ((dim * realizations) as f64).powf(-0.25)
+    Tensor::randn([heads, dim, realizations], (kind, device))
+        * ((dim * realizations) as f64).powf(-0.25)
 }
 
 /// Deterministic xi for (seed, layer).
-pub fn frozen_xi(seed: u64, layer: u64, heads: i64, dim: i64, realizations: i64, device: Device) -> Tensor {
-    noise::keyed_randn(seed, noise::TAG_GATE_XI, layer, 0, &[heads, dim, realizations], device)
-        * ((dim * realizations) as f64).powf(-0.25)
+pub fn frozen_xi(
+    seed: u64,
+    layer: u64,
+    heads: i64,
+    dim: i64,
+    realizations: i64,
+    device: Device,
+) -> Tensor {
+    noise::keyed_randn(
+        seed,
+        noise::TAG_GATE_XI,
+        layer,
+        0,
+        &[heads, dim, realizations],
+        device,
+    ) * ((dim * realizations) as f64).powf(-0.25)
 }
 
 /// The SPE filter: (B, L, H, D) queries or keys -> (B, H, L, R).
@@ -232,7 +313,10 @@ pub fn spe_filter(x: &Tensor, code: &Tensor, gate: Option<(&Tensor, &Tensor)>) -
             let g = gate.sigmoid();
             let a = (-&g + 1.0).sqrt();
             let b = g.sqrt();
-            let t1 = (x * a).permute([1, 2, 0, 3]).matmul(code).permute([2, 1, 0, 3]);
+            let t1 = (x * a)
+                .permute([1, 2, 0, 3])
+                .matmul(code)
+                .permute([2, 1, 0, 3]);
             let t2 = (x * b).permute([0, 2, 1, 3]).matmul(xi);
             t1 + t2
         }
@@ -258,7 +342,16 @@ mod tests {
     const DRAWS: usize = 3000;
     /// (m, n) pairs, both positions in a window starting at START.
     const START: i64 = 100;
-    const PAIRS: [(i64, i64); 8] = [(0, 0), (3, 1), (5, 0), (2, 6), (7, 7), (9, 2), (1, 8), (6, 4)];
+    const PAIRS: [(i64, i64); 8] = [
+        (0, 0),
+        (3, 1),
+        (5, 0),
+        (2, 6),
+        (7, 7),
+        (9, 2),
+        (1, 8),
+        (6, 4),
+    ];
 
     /// Monte Carlo mean of qhat_m . khat_n for each head and pair vs the identity
     /// sqrt(R/D) sum_d q_d k_d [(1-g_d) P_d(m-n) + g_d]. Returns the relative error.
@@ -281,7 +374,11 @@ mod tests {
             let kh = spe_filter(&k, &kb, gate.map(|g| (g, &xi)));
             let dots: Vec<Tensor> = PAIRS
                 .iter()
-                .map(|&(m, n)| (qh.select(2, m) * kh.select(2, n)).sum_dim_intlist([-1i64].as_slice(), false, None).squeeze_dim(0))
+                .map(|&(m, n)| {
+                    (qh.select(2, m) * kh.select(2, n))
+                        .sum_dim_intlist([-1i64].as_slice(), false, None)
+                        .squeeze_dim(0)
+                })
                 .collect();
             acc += Tensor::stack(&dots, 0);
         }
@@ -298,7 +395,8 @@ mod tests {
                 let p = kernel.select(0, i as i64); // (H, D)
                 let qk = q.select(1, m).squeeze_dim(0) * k.select(1, n).squeeze_dim(0);
                 let w: Tensor = (-&g + 1.0) * p + &g;
-                (qk * w).sum_dim_intlist([-1i64].as_slice(), false, None) * ((R as f64) / D as f64).sqrt()
+                (qk * w).sum_dim_intlist([-1i64].as_slice(), false, None)
+                    * ((R as f64) / D as f64).sqrt()
             })
             .collect();
         let th = Tensor::stack(&th, 0);
@@ -320,9 +418,15 @@ mod tests {
         // frequencies than the init so the kernel varies over the test lags
         let mut rng = ChaCha8Rng::seed_from_u64(77);
         tch::no_grad(|| {
-            spe.freqs.shallow_clone().copy_(&(randn64(&mut rng, &[H, D, 3]) * 0.8 - 1.0));
-            spe.offsets.shallow_clone().copy_(&randn64(&mut rng, &[H, D, 3]));
-            spe.gains.shallow_clone().copy_(&randn64(&mut rng, &[H, D, 3]));
+            spe.freqs
+                .shallow_clone()
+                .copy_(&(randn64(&mut rng, &[H, D, 3]) * 0.8 - 1.0));
+            spe.offsets
+                .shallow_clone()
+                .copy_(&randn64(&mut rng, &[H, D, 3]));
+            spe.gains
+                .shallow_clone()
+                .copy_(&randn64(&mut rng, &[H, D, 3]));
         });
         (vs, spe)
     }
@@ -351,8 +455,12 @@ mod tests {
         let spe = ConvSpe::new(&vs.root(), H, D, 4, R);
         let mut rng = ChaCha8Rng::seed_from_u64(78);
         tch::no_grad(|| {
-            spe.filter_q.shallow_clone().copy_(&randn64(&mut rng, &[H, D, 4]).abs());
-            spe.filter_k.shallow_clone().copy_(&randn64(&mut rng, &[H, D, 4]).abs());
+            spe.filter_q
+                .shallow_clone()
+                .copy_(&randn64(&mut rng, &[H, D, 4]).abs());
+            spe.filter_k
+                .shallow_clone()
+                .copy_(&randn64(&mut rng, &[H, D, 4]).abs());
         });
         let kernel = spe.kernel(&deltas());
         // lags >= k have an exactly zero kernel
@@ -416,8 +524,14 @@ mod tests {
                 ring.select(0, p.rem_euclid(5)).copy_(&col);
             }
             let (qr, kr) = spe.codes_from_ring(&ring, m);
-            let e = (qr.squeeze_dim(0) - qw.select(0, t)).abs().max().double_value(&[])
-                + (kr.squeeze_dim(0) - kw.select(0, t)).abs().max().double_value(&[]);
+            let e = (qr.squeeze_dim(0) - qw.select(0, t))
+                .abs()
+                .max()
+                .double_value(&[])
+                + (kr.squeeze_dim(0) - kw.select(0, t))
+                    .abs()
+                    .max()
+                    .double_value(&[]);
             assert!(e < 1e-5, "ring code differs at {m}: {e}");
         }
     }

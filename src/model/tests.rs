@@ -22,11 +22,25 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
         ("none", with("none")),
     ];
     let mut c = with("spe-sine");
-    c.positional = PositionalEncoding::SpeSine { sines: 3, realizations: 8, gated: false, shared: false };
+    c.positional = PositionalEncoding::SpeSine {
+        sines: 3,
+        realizations: 8,
+        gated: false,
+        shared: false,
+    };
     out.push(("spe-sine ungated per-layer", c));
     let mut c = with("spe-conv");
-    c.positional = PositionalEncoding::SpeConv { kernel: 7, realizations: 8, gated: false, shared: false };
-    c.attention = AttentionKind::Favor { features: 32, antithetic: true, redraw_prob: 0.5 };
+    c.positional = PositionalEncoding::SpeConv {
+        kernel: 7,
+        realizations: 8,
+        gated: false,
+        shared: false,
+    };
+    c.attention = AttentionKind::Favor {
+        features: 32,
+        antithetic: true,
+        redraw_prob: 0.5,
+    };
     out.push(("spe-conv ungated per-layer antithetic", c));
     let mut c = with("spe-sine");
     c.attention = AttentionKind::Softmax;
@@ -50,7 +64,9 @@ fn build(cfg: &ModelConfig, seed: i64) -> (nn::VarStore, Transformer) {
 
 fn tokens(b: i64, l: i64, seed: i64) -> Tensor {
     // deterministic without the global RNG
-    let v: Vec<i64> = (0..b * l).map(|i| (i * 7919 + seed * 104729 + (i * i) % 13) % V).collect();
+    let v: Vec<i64> = (0..b * l)
+        .map(|i| (i * 7919 + seed * 104729 + (i * i) % 13) % V)
+        .collect();
     Tensor::from_slice(&v).view([b, l])
 }
 
@@ -70,7 +86,10 @@ fn causality_every_variant() {
             let la = m.forward_t(&a, offset, false);
             let lb = m.forward_t(&b, offset, false);
             let e = rel(&lb.narrow(1, 0, t), &la.narrow(1, 0, t));
-            assert!(e < 1e-6, "{name} offset {offset}: past logits changed ({e})");
+            assert!(
+                e < 1e-6,
+                "{name} offset {offset}: past logits changed ({e})"
+            );
             assert!(rel(&lb, &la) > 1e-3, "{name}: perturbation had no effect");
         }
     }
@@ -87,11 +106,17 @@ fn recurrence_matches_parallel_every_variant() {
             // prefill 40 then step 30
             let mut st = m.begin_at(2, offset);
             let pre = m.prefill(&toks.narrow(1, 0, 40), &mut st);
-            assert!(rel(&pre, &full.narrow(1, 0, 40)) < 1e-4, "{name}: prefill differs");
+            assert!(
+                rel(&pre, &full.narrow(1, 0, 40)) < 1e-4,
+                "{name}: prefill differs"
+            );
             for i in 40..70 {
                 let lg = m.step(&toks.select(1, i), &mut st);
                 let e = rel(&lg, &full.select(1, i));
-                assert!(e < 1e-4, "{name} offset {offset}: step at {i} differs ({e})");
+                assert!(
+                    e < 1e-4,
+                    "{name} offset {offset}: step at {i} differs ({e})"
+                );
             }
             assert_eq!(st.position, offset + 70);
             // uneven prefill pieces, then steps
@@ -100,12 +125,18 @@ fn recurrence_matches_parallel_every_variant() {
             for piece in [7, 13, 1, 20] {
                 let lg = m.prefill(&toks.narrow(1, pos, piece), &mut st);
                 let e = rel(&lg, &full.narrow(1, pos, piece));
-                assert!(e < 1e-4, "{name} offset {offset}: prefill piece at {pos} differs ({e})");
+                assert!(
+                    e < 1e-4,
+                    "{name} offset {offset}: prefill piece at {pos} differs ({e})"
+                );
                 pos += piece;
             }
             for i in pos..70 {
                 let lg = m.step(&toks.select(1, i), &mut st);
-                assert!(rel(&lg, &full.select(1, i)) < 1e-4, "{name}: step after uneven prefill at {i}");
+                assert!(
+                    rel(&lg, &full.select(1, i)) < 1e-4,
+                    "{name}: step after uneven prefill at {i}"
+                );
             }
         }
     }
@@ -155,26 +186,43 @@ fn spe_gradients_reach_every_spe_and_gate_parameter() {
         let (vs, m) = build(&cfg, 6);
         let toks = tokens(2, 40, 6);
         let logits = m.forward_t(&toks.narrow(1, 0, 39), 5, true);
-        let loss = logits.reshape([-1, V]).cross_entropy_for_logits(&toks.narrow(1, 1, 39).reshape([-1]));
+        let loss = logits
+            .reshape([-1, V])
+            .cross_entropy_for_logits(&toks.narrow(1, 1, 39).reshape([-1]));
         loss.backward();
         let vars = vs.variables();
         let spe: Vec<_> = vars.iter().filter(|(k, _)| k.contains("spe")).collect();
         let gated = matches!(
             cfg.positional,
-            PositionalEncoding::SpeSine { gated: true, .. } | PositionalEncoding::SpeConv { gated: true, .. }
+            PositionalEncoding::SpeSine { gated: true, .. }
+                | PositionalEncoding::SpeConv { gated: true, .. }
         );
-        let n_code = if matches!(cfg.positional, PositionalEncoding::SpeSine { .. }) { 3 } else { 2 };
+        let n_code = if matches!(cfg.positional, PositionalEncoding::SpeSine { .. }) {
+            3
+        } else {
+            2
+        };
         let shared = matches!(
             cfg.positional,
-            PositionalEncoding::SpeSine { shared: true, .. } | PositionalEncoding::SpeConv { shared: true, .. }
+            PositionalEncoding::SpeSine { shared: true, .. }
+                | PositionalEncoding::SpeConv { shared: true, .. }
         );
-        let want = n_code * if shared { 1 } else { cfg.n_layers as usize } + if gated { cfg.n_layers as usize } else { 0 };
-        assert_eq!(spe.len(), want, "{name}: SPE params {:?}", spe.iter().map(|p| p.0).collect::<Vec<_>>());
+        let want = n_code * if shared { 1 } else { cfg.n_layers as usize }
+            + if gated { cfg.n_layers as usize } else { 0 };
+        assert_eq!(
+            spe.len(),
+            want,
+            "{name}: SPE params {:?}",
+            spe.iter().map(|p| p.0).collect::<Vec<_>>()
+        );
         for (k, t) in spe {
             let g = t.grad();
             assert!(g.defined(), "{name}: {k} has no grad");
             let s = g.abs().sum(Kind::Double).double_value(&[]);
-            assert!(s > 0.0 && s.is_finite(), "{name}: zero/non-finite grad for {k}: {s}");
+            assert!(
+                s > 0.0 && s.is_finite(),
+                "{name}: zero/non-finite grad for {k}: {s}"
+            );
         }
     }
 }
@@ -207,18 +255,27 @@ fn freeze_is_deterministic_and_training_redraws_noise() {
         let toks = tokens(1, 30, 8);
         m.freeze(5);
         let a = m.forward_t(&toks, 0, false);
-        assert!(rel(&m.forward_t(&toks, 0, false), &a) == 0.0, "{name}: eval not deterministic");
+        assert!(
+            rel(&m.forward_t(&toks, 0, false), &a) == 0.0,
+            "{name}: eval not deterministic"
+        );
         m.freeze(6);
         let b = m.forward_t(&toks, 0, false);
         assert!(rel(&b, &a) > 1e-4, "{name}: seed has no effect");
         m.freeze(5);
-        assert!(rel(&m.forward_t(&toks, 0, false), &a) == 0.0, "{name}: re-freeze differs");
+        assert!(
+            rel(&m.forward_t(&toks, 0, false), &a) == 0.0,
+            "{name}: re-freeze differs"
+        );
         // a fresh model built from the same weights and seed is the same function
         let mut vs2 = nn::VarStore::new(Device::Cpu);
         let mut m2 = Transformer::new(&vs2.root(), &cfg).unwrap();
         vs2.copy(&vs1).unwrap();
         m2.freeze(5);
-        assert!(rel(&m2.forward_t(&toks, 0, false), &a) == 0.0, "{name}: not reproducible");
+        assert!(
+            rel(&m2.forward_t(&toks, 0, false), &a) == 0.0,
+            "{name}: not reproducible"
+        );
         // training mode draws fresh SPE noise each call (dropout is 0 in tiny)
         let t1 = m.forward_t(&toks, 0, true);
         let t2 = m.forward_t(&toks, 0, true);
@@ -228,13 +285,20 @@ fn freeze_is_deterministic_and_training_redraws_noise() {
 
 #[test]
 fn logits_shape_and_ape_values() {
-    let cfg = ModelConfig::preset("tiny", V).unwrap().with_positional("ape").unwrap();
+    let cfg = ModelConfig::preset("tiny", V)
+        .unwrap()
+        .with_positional("ape")
+        .unwrap();
     let (_vs, m) = build(&cfg, 9);
     let lg = m.forward_t(&tokens(3, 11, 1), 4000, false);
     assert_eq!(lg.size(), [3, 11, V]);
     assert_eq!(lg.kind(), Kind::Float);
     let pe = crate::model::transformer::sinusoidal_ape(5, 2, 6, Device::Cpu);
-    let want = [5f64.sin(), 5f64.cos(), (5.0 / 10000f64.powf(2.0 / 6.0)).sin()];
+    let want = [
+        5f64.sin(),
+        5f64.cos(),
+        (5.0 / 10000f64.powf(2.0 / 6.0)).sin(),
+    ];
     for (j, w) in want.iter().enumerate() {
         assert!((pe.double_value(&[0, j as i64]) - w).abs() < 1e-6);
     }
@@ -243,7 +307,10 @@ fn logits_shape_and_ape_values() {
 #[test]
 #[should_panic(expected = "frozen seed")]
 fn stale_state_after_refreeze_is_rejected() {
-    let cfg = ModelConfig::preset("tiny", V).unwrap().with_positional("spe-conv").unwrap();
+    let cfg = ModelConfig::preset("tiny", V)
+        .unwrap()
+        .with_positional("spe-conv")
+        .unwrap();
     let (_vs, mut m) = build(&cfg, 10);
     let mut st = m.begin(1);
     m.freeze(99);

@@ -141,7 +141,10 @@ pub fn sinusoidal_ape(start: i64, len: i64, d: i64, device: Device) -> Tensor {
     let w = (i * (-2.0 * (10000f64).ln() / d as f64)).exp();
     let pos = Tensor::arange_start(start, start + len, (Kind::Double, device)).unsqueeze(1);
     let ang = pos * w.unsqueeze(0);
-    Tensor::stack(&[ang.sin(), ang.cos()], -1).reshape([len, 2 * half]).narrow(1, 0, d).to_kind(Kind::Float)
+    Tensor::stack(&[ang.sin(), ang.cos()], -1)
+        .reshape([len, 2 * half])
+        .narrow(1, 0, d)
+        .to_kind(Kind::Float)
 }
 
 impl Transformer {
@@ -152,7 +155,10 @@ impl Transformer {
         let embed = vs.sub("tok_embed").var(
             "weight",
             &[cfg.vocab_size, d],
-            nn::Init::Randn { mean: 0.0, stdev: (d as f64).powf(-0.5) },
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: (d as f64).powf(-0.5),
+            },
         );
         let lin = |p: nn::Path, i: i64, o: i64, std: f64| {
             nn::linear(
@@ -160,7 +166,10 @@ impl Transformer {
                 i,
                 o,
                 nn::LinearConfig {
-                    ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
+                    ws_init: nn::Init::Randn {
+                        mean: 0.0,
+                        stdev: std,
+                    },
                     bs_init: Some(nn::Init::Const(0.0)),
                     bias: true,
                 },
@@ -168,21 +177,24 @@ impl Transformer {
         };
         let out_std = 0.02 / ((2 * cfg.n_layers) as f64).sqrt();
         let (gated, shared) = match &cfg.positional {
-            PositionalEncoding::SpeSine { gated, shared, .. } | PositionalEncoding::SpeConv { gated, shared, .. } => {
-                (*gated, *shared)
-            }
+            PositionalEncoding::SpeSine { gated, shared, .. }
+            | PositionalEncoding::SpeConv { gated, shared, .. } => (*gated, *shared),
             _ => (false, true),
         };
         let mut blocks = Vec::new();
         let mut codes = Vec::new();
         let make_code = |p: nn::Path| -> SpeCode {
             match &cfg.positional {
-                PositionalEncoding::SpeSine { sines, realizations, .. } => {
-                    SpeCode::Sine(SineSpe::new(&p, h, hd, *sines, *realizations))
-                }
-                PositionalEncoding::SpeConv { kernel, realizations, .. } => {
-                    SpeCode::Conv(ConvSpe::new(&p, h, hd, *kernel, *realizations))
-                }
+                PositionalEncoding::SpeSine {
+                    sines,
+                    realizations,
+                    ..
+                } => SpeCode::Sine(SineSpe::new(&p, h, hd, *sines, *realizations)),
+                PositionalEncoding::SpeConv {
+                    kernel,
+                    realizations,
+                    ..
+                } => SpeCode::Conv(ConvSpe::new(&p, h, hd, *kernel, *realizations)),
                 _ => unreachable!(),
             }
         };
@@ -192,8 +204,16 @@ impl Transformer {
         for i in 0..cfg.n_layers {
             let p = vs.sub("layers").sub(i);
             let ln = || nn::LayerNormConfig::default();
-            let gate = (cfg.positional.is_spe() && gated)
-                .then(|| p.var("spe_gate", &[h, hd], nn::Init::Randn { mean: 0.0, stdev: 1.0 }));
+            let gate = (cfg.positional.is_spe() && gated).then(|| {
+                p.var(
+                    "spe_gate",
+                    &[h, hd],
+                    nn::Init::Randn {
+                        mean: 0.0,
+                        stdev: 1.0,
+                    },
+                )
+            });
             if cfg.positional.is_spe() && !shared {
                 codes.push(make_code(p.sub("spe")));
             }
@@ -210,7 +230,11 @@ impl Transformer {
         let final_norm = nn::layer_norm(vs.sub("final_norm"), vec![d], Default::default());
         let head = (!cfg.tie_embeddings).then(|| lin(vs.sub("head"), d, cfg.vocab_size, 0.02));
         let train_features = match &cfg.attention {
-            AttentionKind::Favor { features, antithetic, .. } => (0..cfg.n_layers)
+            AttentionKind::Favor {
+                features,
+                antithetic,
+                ..
+            } => (0..cfg.n_layers)
                 .map(|_| FavorFeatures::draw(*features, cfg.qk_dim(), *antithetic, device))
                 .collect(),
             AttentionKind::Softmax => Vec::new(),
@@ -224,7 +248,12 @@ impl Transformer {
             head,
             codes,
             train_features: Mutex::new(train_features),
-            frozen: Frozen { seed: DEFAULT_SEED, z: vec![], xi: vec![], features: vec![] },
+            frozen: Frozen {
+                seed: DEFAULT_SEED,
+                z: vec![],
+                xi: vec![],
+                features: vec![],
+            },
         };
         model.freeze(DEFAULT_SEED);
         Ok(model)
@@ -269,17 +298,37 @@ impl Transformer {
             .collect();
         let xi = match self.cfg.positional.realizations() {
             Some(r) if self.blocks.iter().any(|b| b.gate.is_some()) => (0..self.cfg.n_layers)
-                .map(|i| frozen_xi(seed, i as u64, h, hd, r, self.device).to_kind(self.param_kind()))
+                .map(|i| {
+                    frozen_xi(seed, i as u64, h, hd, r, self.device).to_kind(self.param_kind())
+                })
                 .collect(),
             _ => Vec::new(),
         };
         let features = match &self.cfg.attention {
-            AttentionKind::Favor { features, antithetic, .. } => (0..self.cfg.n_layers)
-                .map(|i| FavorFeatures::seeded(seed, i as u64, *features, self.cfg.qk_dim(), *antithetic, self.device))
+            AttentionKind::Favor {
+                features,
+                antithetic,
+                ..
+            } => (0..self.cfg.n_layers)
+                .map(|i| {
+                    FavorFeatures::seeded(
+                        seed,
+                        i as u64,
+                        *features,
+                        self.cfg.qk_dim(),
+                        *antithetic,
+                        self.device,
+                    )
+                })
                 .collect(),
             AttentionKind::Softmax => Vec::new(),
         };
-        self.frozen = Frozen { seed, z, xi, features };
+        self.frozen = Frozen {
+            seed,
+            z,
+            xi,
+            features,
+        };
     }
 
     /// (B, L) int64 tokens at absolute positions offset..offset+L -> (B, L, V) logits.
@@ -321,7 +370,8 @@ impl Transformer {
                     let k = conv.kernel;
                     let mut shape = vec![k];
                     shape.extend_from_slice(&conv.column_shape());
-                    let mut ring = Tensor::zeros(shape.as_slice(), (self.param_kind(), self.device));
+                    let mut ring =
+                        Tensor::zeros(shape.as_slice(), (self.param_kind(), self.device));
                     // positions position-k+1 ..= position-1
                     let cols = noise::conv_noise_columns(
                         seed,
@@ -338,7 +388,13 @@ impl Transformer {
                 SpeCode::Sine(_) => None,
             })
             .collect();
-        RecurrentState { position, layers, rings, seed, batch }
+        RecurrentState {
+            position,
+            layers,
+            rings,
+            seed,
+            batch,
+        }
     }
 
     fn check_state(&self, state: &RecurrentState, batch: i64) {
@@ -347,7 +403,11 @@ impl Transformer {
             "RecurrentState was built with frozen seed {} but the model is frozen with {}; call begin() again",
             state.seed, self.frozen.seed
         );
-        assert_eq!(state.batch, batch, "RecurrentState batch size {} but tokens have batch {}", state.batch, batch);
+        assert_eq!(
+            state.batch, batch,
+            "RecurrentState batch size {} but tokens have batch {}",
+            state.batch, batch
+        );
     }
 
     /// Runs a (B, L) chunk from `state.position` (chunked parallel form, frozen noise), returns
@@ -362,11 +422,25 @@ impl Transformer {
     pub fn step(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
         let b = tokens.size()[0];
         self.check_state(state, b);
-        tch::no_grad(|| self.run(&tokens.view([b, 1]), state.position, Mode::Step, Some(state))).squeeze_dim(1)
+        tch::no_grad(|| {
+            self.run(
+                &tokens.view([b, 1]),
+                state.position,
+                Mode::Step,
+                Some(state),
+            )
+        })
+        .squeeze_dim(1)
     }
 
     /// Codes (qbar, kbar), each (L, H, D, R), for every SPE code over positions offset..offset+L.
-    fn window_codes(&self, offset: i64, len: i64, mode: Mode, state: &mut Option<&mut RecurrentState>) -> Vec<(Tensor, Tensor)> {
+    fn window_codes(
+        &self,
+        offset: i64,
+        len: i64,
+        mode: Mode,
+        state: &mut Option<&mut RecurrentState>,
+    ) -> Vec<(Tensor, Tensor)> {
         let seed = self.frozen.seed;
         let mut ring_idx = 0;
         let mut out = Vec::with_capacity(self.codes.len());
@@ -415,7 +489,13 @@ impl Transformer {
         out
     }
 
-    fn run(&self, tokens: &Tensor, offset: i64, mode: Mode, mut state: Option<&mut RecurrentState>) -> Tensor {
+    fn run(
+        &self,
+        tokens: &Tensor,
+        offset: i64,
+        mode: Mode,
+        mut state: Option<&mut RecurrentState>,
+    ) -> Tensor {
         let cfg = &self.cfg;
         let (b, l) = tokens.size2().expect("tokens must be (B, L)");
         let (d, h, hd) = (cfg.d_model, cfg.n_heads, cfg.head_dim());
@@ -423,7 +503,13 @@ impl Transformer {
         let p = cfg.dropout;
         let kind = self.param_kind();
 
-        let mut x = Tensor::embedding(&self.embed, &tokens.to_device(self.device), -1, false, false) * (d as f64).sqrt();
+        let mut x = Tensor::embedding(
+            &self.embed,
+            &tokens.to_device(self.device),
+            -1,
+            false,
+            false,
+        ) * (d as f64).sqrt();
         if cfg.positional == PositionalEncoding::Ape {
             x = x + sinusoidal_ape(offset, l, d, self.device).to_kind(kind);
         }
@@ -435,10 +521,21 @@ impl Transformer {
 
         // FAVOR+ features for this call
         let mut train_guard = None;
-        if let (Mode::Train, AttentionKind::Favor { features, antithetic, redraw_prob }) = (mode, &cfg.attention) {
+        if let (
+            Mode::Train,
+            AttentionKind::Favor {
+                features,
+                antithetic,
+                redraw_prob,
+            },
+        ) = (mode, &cfg.attention)
+        {
             let mut g = self.train_features.lock().unwrap();
             for f in g.iter_mut() {
-                if *redraw_prob > 0.0 && Tensor::rand([1], (Kind::Double, Device::Cpu)).double_value(&[0]) < *redraw_prob {
+                if *redraw_prob > 0.0
+                    && Tensor::rand([1], (Kind::Double, Device::Cpu)).double_value(&[0])
+                        < *redraw_prob
+                {
                     *f = FavorFeatures::draw(*features, cfg.qk_dim(), *antithetic, self.device);
                 }
             }
@@ -450,7 +547,10 @@ impl Transformer {
             let qkv = hn.apply(&blk.qkv);
             let q = qkv.narrow(-1, 0, d).view([b, l, h, hd]);
             let k = qkv.narrow(-1, d, d).view([b, l, h, hd]);
-            let v = qkv.narrow(-1, 2 * d, d).view([b, l, h, hd]).permute([0, 2, 1, 3]);
+            let v = qkv
+                .narrow(-1, 2 * d, d)
+                .view([b, l, h, hd])
+                .permute([0, 2, 1, 3]);
             let (qa, ka) = if let Some(rr) = r {
                 let (qbar, kbar) = &codes[if shared { 0 } else { i }];
                 let xi = blk.gate.as_ref().map(|_| match mode {
@@ -477,13 +577,24 @@ impl Transformer {
                     let out = match lstate {
                         Some(LayerState::Favor { s, z }) => {
                             if mode == Mode::Step {
-                                let (o, s2, z2) =
-                                    recurrent_step(&pq.squeeze_dim(2), &pk.squeeze_dim(2), &vf.squeeze_dim(2), s, z);
+                                let (o, s2, z2) = recurrent_step(
+                                    &pq.squeeze_dim(2),
+                                    &pk.squeeze_dim(2),
+                                    &vf.squeeze_dim(2),
+                                    s,
+                                    z,
+                                );
                                 *s = s2;
                                 *z = z2;
                                 o.unsqueeze(2)
                             } else {
-                                let (o, s2, z2) = causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, Some((s, z)));
+                                let (o, s2, z2) = causal_linear_attention(
+                                    &pq,
+                                    &pk,
+                                    &vf,
+                                    cfg.chunk_size,
+                                    Some((s, z)),
+                                );
                                 *s = s2;
                                 *z = z2;
                                 o
@@ -508,12 +619,20 @@ impl Transformer {
                     let t = kall.size()[2] - l; // cached positions before this chunk
                     let scores = qf.matmul(&kall.transpose(-1, -2)) / (dk as f64).sqrt();
                     let mask = Tensor::ones([l, t + l], (Kind::Bool, self.device)).triu(t + 1);
-                    scores.masked_fill(&mask, f64::NEG_INFINITY).softmax(-1, None).matmul(&vall).to_kind(kind)
+                    scores
+                        .masked_fill(&mask, f64::NEG_INFINITY)
+                        .softmax(-1, None)
+                        .matmul(&vall)
+                        .to_kind(kind)
                 }
             };
             let att = att.permute([0, 2, 1, 3]).reshape([b, l, d]).apply(&blk.out);
             x = x + att.dropout(p, train);
-            let ff = x.apply(&blk.norm2).apply(&blk.ff1).gelu("none").apply(&blk.ff2);
+            let ff = x
+                .apply(&blk.norm2)
+                .apply(&blk.ff1)
+                .gelu("none")
+                .apply(&blk.ff2);
             x = x + ff.dropout(p, train);
         }
         drop(train_guard);

@@ -1,0 +1,153 @@
+//! Commands around the model: train, eval.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::train::{self, eval};
+
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// A dataset made by `cadenza tokenize`, or a folder of MIDI files.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Run folder: config, vocabulary, checkpoints, metrics, plots.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Model size: tiny, small or base.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Positional encoding: spe-sine, spe-conv, ape or none.
+    #[arg(long)]
+    pub positional: Option<String>,
+    /// TOML file with `preset`, `positional`, `[model]` and `[train]` tables.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub steps: Option<u64>,
+    #[arg(long)]
+    pub seq_len: Option<i64>,
+    #[arg(long)]
+    pub batch: Option<i64>,
+    #[arg(long)]
+    pub lr: Option<f64>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Vocabulary JSON (default: the built-in REMI+ vocabulary).
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
+    /// Continue the run in the output folder from its last checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop after this step (the schedule still follows --steps).
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {
+    /// Run folder (or model folder) to evaluate.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Dataset (default: the run's own held-out pieces).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Positions to score (default: twice the training length).
+    #[arg(long)]
+    pub max_len: Option<usize>,
+    /// Bin width for the per-position curve.
+    #[arg(long, default_value_t = 128)]
+    pub bin: usize,
+    /// Only pieces at least this many tokens long.
+    #[arg(long, default_value_t = 0)]
+    pub min_len: usize,
+    /// At most this many pieces.
+    #[arg(long, default_value_t = 200)]
+    pub max_pieces: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the plot here (default: next to --json, or MODEL/eval.png).
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Seed of the frozen SPE noise and FAVOR+ features.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn train(a: TrainArgs) -> Result<i32> {
+    let opts = train::TrainOptions {
+        run_dir: a.output.clone(),
+        data: a.data,
+        preset: a.preset,
+        positional: a.positional,
+        config_file: a.config,
+        steps: a.steps,
+        seq_len: a.seq_len,
+        batch: a.batch,
+        lr: a.lr,
+        seed: a.seed,
+        device: a.device,
+        vocab: a.vocab,
+        resume: a.resume,
+        stop_after: a.stop_after,
+        progress: true,
+    };
+    let s = train::train(&opts)?;
+    println!(
+        "step {}: train loss {:.4}, validation loss {}, {:.0} tokens/s{}",
+        s.steps_done,
+        s.last_train_loss,
+        s.last_val_loss
+            .map(|v| format!("{v:.4}"))
+            .unwrap_or_else(|| "-".into()),
+        s.tokens_per_s,
+        if s.interrupted { " (interrupted)" } else { "" }
+    );
+    println!("run folder: {}", a.output.display());
+    Ok(if s.interrupted { 130 } else { 0 })
+}
+
+pub fn eval(a: EvalArgs) -> Result<i32> {
+    let r = eval::evaluate(&eval::EvalOptions {
+        model_dir: a.model.clone(),
+        data: a.data,
+        max_len: a.max_len,
+        bin: a.bin,
+        min_len: a.min_len,
+        max_pieces: a.max_pieces,
+        device: a.device,
+        seed: a.seed,
+    })?;
+    println!(
+        "{} ({}), {} pieces, training length {}",
+        r.model, r.positional, r.pieces, r.train_len
+    );
+    println!("| positions | mean NLL | tokens |\n| --- | --- | --- |");
+    for b in &r.bins {
+        println!(
+            "| {}..{} | {:.4} | {} |",
+            b.start, b.end, b.mean_nll, b.tokens
+        );
+    }
+    println!("mean NLL within the training length: {:.4}", r.mean_within);
+    if let Some(v) = r.mean_beyond {
+        println!("mean NLL beyond it:                  {v:.4}");
+    }
+    let png = a.png.clone().unwrap_or_else(|| match &a.json {
+        Some(j) => j.with_extension("png"),
+        None => a.model.join("eval.png"),
+    });
+    if let Some(j) = &a.json {
+        crate::train::checkpoint::write_json(j, &r)?;
+        println!("wrote {}", j.display());
+    }
+    eval::plot(&[(r.positional.clone(), &r)], &png)?;
+    println!("wrote {}", png.display());
+    Ok(0)
+}

@@ -1,0 +1,192 @@
+//! Run folders and checkpoints.
+//!
+//! ```text
+//! RUN_DIR/config.json         resolved model + training config, vocabulary hash
+//! RUN_DIR/vocab.json          the vocabulary the model was trained with
+//! RUN_DIR/checkpoint/         model.safetensors, optimizer.safetensors, state.json
+//! RUN_DIR/metrics.jsonl       one JSON object per step / validation
+//! RUN_DIR/loss.png            loss curves
+//! ```
+//! A checkpoint folder is written under a temporary name and renamed into
+//! place, so `checkpoint/` is always complete; the previous one is kept as
+//! `checkpoint.old/` until the new one is in place.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tch::Device;
+
+use super::adamw::AdamW;
+use super::config::RunConfig;
+use crate::model::Transformer;
+use crate::tokenizer::Vocab;
+
+pub const CONFIG_FILE: &str = "config.json";
+pub const VOCAB_FILE: &str = "vocab.json";
+pub const CHECKPOINT_DIR: &str = "checkpoint";
+pub const MODEL_FILE: &str = "model.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const STATE_FILE: &str = "state.json";
+
+/// Progress that a resumed run needs besides weights and moments. The data
+/// order and every random draw are functions of (seed, step), so the step is
+/// the whole RNG state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    pub step: u64,
+    pub seed: u64,
+    pub best_val_loss: Option<f64>,
+    pub last_val_loss: Option<f64>,
+    pub tokens_seen: u64,
+}
+
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value)?;
+    bytes.push(b'\n');
+    crate::util::write_atomic(path, &bytes)
+}
+
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: unexpected content", path.display()))
+}
+
+/// Where the newest complete checkpoint of a run is (or a model folder with
+/// `model.safetensors` directly in it, as shipped under `models/`).
+pub fn checkpoint_dir(run: &Path) -> Option<PathBuf> {
+    [CHECKPOINT_DIR, "checkpoint.old", "."]
+        .iter()
+        .map(|d| run.join(d))
+        .find(|d| d.join(MODEL_FILE).is_file())
+}
+
+/// Writes a complete checkpoint atomically.
+pub fn save_checkpoint(
+    run: &Path,
+    vs: &VarStore,
+    opt: Option<&AdamW>,
+    state: &TrainState,
+) -> Result<()> {
+    let tmp = run.join(format!(".checkpoint.tmp-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).ok();
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    vs.save(tmp.join(MODEL_FILE))
+        .with_context(|| format!("cannot write {}", tmp.join(MODEL_FILE).display()))?;
+    if let Some(opt) = opt {
+        opt.save(&tmp.join(OPTIMIZER_FILE))?;
+    }
+    write_json(&tmp.join(STATE_FILE), state)?;
+    let dst = run.join(CHECKPOINT_DIR);
+    let old = run.join("checkpoint.old");
+    if dst.exists() {
+        if old.exists() {
+            std::fs::remove_dir_all(&old)
+                .with_context(|| format!("cannot remove {}", old.display()))?;
+        }
+        std::fs::rename(&dst, &old).with_context(|| format!("cannot move {}", dst.display()))?;
+    }
+    std::fs::rename(&tmp, &dst)
+        .with_context(|| format!("cannot move {} into place", tmp.display()))?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).ok();
+    }
+    Ok(())
+}
+
+/// A trained model ready to use, with what it was trained with.
+pub struct LoadedModel {
+    pub vs: VarStore,
+    pub model: Transformer,
+    pub config: RunConfig,
+    pub vocab: Vocab,
+    pub state: Option<TrainState>,
+    pub dir: PathBuf,
+}
+
+/// Loads a run folder (or a shipped model folder) onto `device`. Errors name
+/// the file and say what does not match.
+pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
+    if !run.is_dir() {
+        bail!("model folder {} does not exist", run.display());
+    }
+    let config: RunConfig = read_json(&run.join(CONFIG_FILE))?;
+    let vocab = Vocab::load(&run.join(VOCAB_FILE))?;
+    check_vocab(&config, &vocab, &run.join(VOCAB_FILE))?;
+    let ckpt = checkpoint_dir(run).with_context(|| {
+        format!(
+            "{}: no checkpoint ({}/{MODEL_FILE} missing)",
+            run.display(),
+            CHECKPOINT_DIR
+        )
+    })?;
+    let mut vs = VarStore::new(device);
+    let model = Transformer::new(&vs.root(), &config.model)
+        .with_context(|| format!("{}: bad model config", run.join(CONFIG_FILE).display()))?;
+    let weights = ckpt.join(MODEL_FILE);
+    vs.load(&weights).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: does not fit the model described by {} ({e})",
+            weights.display(),
+            run.join(CONFIG_FILE).display()
+        )
+    })?;
+    let state = read_json(&ckpt.join(STATE_FILE)).ok();
+    Ok(LoadedModel {
+        vs,
+        model,
+        config,
+        vocab,
+        state,
+        dir: ckpt,
+    })
+}
+
+/// Refuses a vocabulary that the model was not trained with.
+pub fn check_vocab(config: &RunConfig, vocab: &Vocab, path: &Path) -> Result<()> {
+    if vocab.hash() != config.vocab_hash {
+        bail!(
+            "{}: vocabulary {} is not the one the model was trained with ({})",
+            path.display(),
+            vocab.hash(),
+            config.vocab_hash
+        );
+    }
+    if vocab.len() as i64 != config.model.vocab_size {
+        bail!(
+            "{}: vocabulary has {} tokens, the model {}",
+            path.display(),
+            vocab.len(),
+            config.model.vocab_size
+        );
+    }
+    Ok(())
+}
+
+/// `cpu`, `cuda`, `cuda:N`, or `auto` (CUDA when available).
+pub fn parse_device(s: Option<&str>) -> Result<Device> {
+    match s.unwrap_or("auto") {
+        "auto" => Ok(Device::cuda_if_available()),
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => {
+            if !tch::Cuda::is_available() {
+                bail!("--device cuda: no CUDA device is available (libtorch sees none)");
+            }
+            Ok(Device::Cuda(0))
+        }
+        other => match other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            Some(n) if tch::Cuda::is_available() && (n as i64) < tch::Cuda::device_count() => {
+                Ok(Device::Cuda(n))
+            }
+            Some(_) => bail!("--device {other}: no such CUDA device"),
+            None => bail!("--device {other}: expected cpu, cuda, cuda:N or auto"),
+        },
+    }
+}

@@ -1,0 +1,246 @@
+//! Training windows from a token dataset: a seeded split by piece, windows
+//! that start at bar lines and run on into further pieces (so no padding),
+//! and transposition augmentation.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::tokenizer::dataset::Dataset;
+use crate::tokenizer::{TokenType, Vocab, BAR_ID, PAD_ID};
+
+/// One piece's ids (BOS ... EOS) and the offsets where its bars start.
+pub struct PieceTokens {
+    pub source: String,
+    pub ids: Vec<u32>,
+    /// Offsets of BOS and of every Bar token: where windows may start.
+    pub starts: Vec<usize>,
+}
+
+impl PieceTokens {
+    pub fn new(source: String, ids: Vec<u32>) -> Self {
+        let starts = std::iter::once(0)
+            .chain(
+                ids.iter()
+                    .enumerate()
+                    .filter(|(_, &t)| t == BAR_ID)
+                    .map(|(i, _)| i),
+            )
+            .collect();
+        PieceTokens {
+            source,
+            ids,
+            starts,
+        }
+    }
+}
+
+/// Deterministic split: a piece goes to validation when the hash of its
+/// source name and the seed falls under the fraction.
+pub fn is_validation(source: &str, seed: u64, fraction: f64) -> bool {
+    // FNV-1a: stable across platforms and Rust versions.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for b in source.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h >> 11) as f64 / (1u64 << 53) as f64 <= fraction
+}
+
+pub struct Split {
+    pub train: Vec<PieceTokens>,
+    pub val: Vec<PieceTokens>,
+}
+
+/// Loads every piece and splits them. With a single piece, it trains and
+/// validates on that piece.
+pub fn split(ds: &Dataset, seed: u64, fraction: f64) -> Split {
+    let mut train = Vec::new();
+    let mut val = Vec::new();
+    for (i, p) in ds.pieces.iter().enumerate() {
+        let piece = PieceTokens::new(p.source.clone(), ds.piece_tokens(i));
+        if fraction > 0.0 && is_validation(&p.source, seed, fraction) {
+            val.push(piece);
+        } else {
+            train.push(piece);
+        }
+    }
+    if train.is_empty() && !val.is_empty() {
+        train.push(val.pop().expect("non-empty"));
+    }
+    if val.is_empty() && !train.is_empty() {
+        // Too few pieces to hold any out: validate on the last training piece.
+        let last = train.last().expect("non-empty");
+        val.push(PieceTokens::new(last.source.clone(), last.ids.clone()));
+    }
+    Split { train, val }
+}
+
+/// Shifts every `Pitch` token by `semitones`; `None` when one would leave the
+/// range (drum pitches never move).
+pub fn transpose(ids: &[u32], semitones: i64, vocab: &Vocab) -> Option<Vec<u32>> {
+    if semitones == 0 {
+        return Some(ids.to_vec());
+    }
+    let range = vocab.range(TokenType::Pitch);
+    ids.iter()
+        .map(|&id| {
+            if range.contains(&id) {
+                let shifted = id as i64 + semitones;
+                (shifted >= range.start as i64 && shifted < range.end as i64)
+                    .then_some(shifted as u32)
+            } else {
+                Some(id)
+            }
+        })
+        .collect()
+}
+
+/// Draws training batches; batch `step` depends only on (seed, step), so a
+/// resumed run sees exactly the batches an uninterrupted one would.
+pub struct Batcher<'a> {
+    pieces: &'a [PieceTokens],
+    /// Cumulative token counts, for picking pieces in proportion to length.
+    cumulative: Vec<u64>,
+    vocab: &'a Vocab,
+    seed: u64,
+    transpose: i64,
+}
+
+impl<'a> Batcher<'a> {
+    pub fn new(pieces: &'a [PieceTokens], vocab: &'a Vocab, seed: u64, transpose: i64) -> Self {
+        let mut total = 0u64;
+        let cumulative = pieces
+            .iter()
+            .map(|p| {
+                total += p.ids.len() as u64;
+                total
+            })
+            .collect();
+        Batcher {
+            pieces,
+            cumulative,
+            vocab,
+            seed,
+            transpose,
+        }
+    }
+
+    fn pick(&self, rng: &mut ChaCha8Rng) -> &'a PieceTokens {
+        let total = *self.cumulative.last().unwrap_or(&1);
+        let x = rng.gen_range(0..total.max(1));
+        let i = self.cumulative.partition_point(|&c| c <= x);
+        &self.pieces[i.min(self.pieces.len() - 1)]
+    }
+
+    /// One window of `len` tokens: from a bar line of a random piece, running
+    /// on into further random pieces.
+    pub fn window(&self, rng: &mut ChaCha8Rng, len: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(len);
+        let first = self.pick(rng);
+        let start = first.starts[rng.gen_range(0..first.starts.len())];
+        out.extend_from_slice(&first.ids[start..first.ids.len().min(start + len)]);
+        while out.len() < len {
+            let p = self.pick(rng);
+            let need = len - out.len();
+            out.extend_from_slice(&p.ids[..p.ids.len().min(need)]);
+        }
+        if self.transpose > 0 {
+            let k = rng.gen_range(-self.transpose..=self.transpose);
+            if let Some(t) = transpose(&out, k, self.vocab) {
+                out = t;
+            }
+        }
+        out
+    }
+
+    /// A (batch, len) batch of ids, flattened row-major.
+    pub fn batch(&self, step: u64, batch: usize, len: usize) -> Vec<i64> {
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(self.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        (0..batch)
+            .flat_map(|_| self.window(&mut rng, len))
+            .map(|t| t as i64)
+            .collect()
+    }
+}
+
+/// Fixed validation windows: each held-out piece cut from its start into
+/// windows of `len` tokens (the last one padded with PAD, which the loss
+/// ignores), at most `max` windows.
+pub fn validation_windows(pieces: &[PieceTokens], len: usize, max: usize) -> Vec<Vec<u32>> {
+    let mut out = Vec::new();
+    'outer: for p in pieces {
+        let mut at = 0;
+        while at + 1 < p.ids.len() {
+            let end = (at + len).min(p.ids.len());
+            let mut w = p.ids[at..end].to_vec();
+            w.resize(len, PAD_ID);
+            out.push(w);
+            if out.len() >= max {
+                break 'outer;
+            }
+            at += len - 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::{RemiConfig, Token, DRUMS};
+
+    #[test]
+    fn transposition_keeps_drums_and_range() {
+        let v = Vocab::new(RemiConfig::default()).unwrap();
+        let ids: Vec<u32> = [
+            Token::Program(0),
+            Token::Pitch(60),
+            Token::Program(DRUMS),
+            Token::PitchDrum(36),
+        ]
+        .iter()
+        .map(|&t| v.id(t).unwrap())
+        .collect();
+        let up = transpose(&ids, 5, &v).unwrap();
+        assert_eq!(v.token(up[1]), Some(Token::Pitch(65)));
+        assert_eq!(v.token(up[3]), Some(Token::PitchDrum(36)));
+        assert_eq!(up[0], ids[0]);
+        let high = vec![v.id(Token::Pitch(106)).unwrap()];
+        assert!(transpose(&high, 3, &v).is_none());
+        assert!(transpose(&high, -3, &v).is_some());
+    }
+
+    #[test]
+    fn batches_are_a_function_of_seed_and_step() {
+        let v = Vocab::new(RemiConfig::default()).unwrap();
+        let pieces: Vec<PieceTokens> = (0..5)
+            .map(|i| {
+                let mut ids = vec![1u32];
+                for _ in 0..(10 + i * 7) {
+                    ids.extend([BAR_ID, v.id(Token::Position(0)).unwrap()]);
+                }
+                ids.push(2);
+                PieceTokens::new(format!("p{i}"), ids)
+            })
+            .collect();
+        let b = Batcher::new(&pieces, &v, 7, 0);
+        assert_eq!(b.batch(3, 4, 33), b.batch(3, 4, 33));
+        assert_ne!(b.batch(3, 4, 33), b.batch(4, 4, 33));
+        let batch = b.batch(5, 2, 33);
+        assert_eq!(batch.len(), 66);
+        // Windows start at BOS or a bar line.
+        for row in batch.chunks(33) {
+            assert!(row[0] == 1 || row[0] == BAR_ID as i64, "{row:?}");
+        }
+    }
+
+    #[test]
+    fn split_is_deterministic_and_roughly_proportional() {
+        let names: Vec<String> = (0..2000).map(|i| format!("folk/x{i}.mid")).collect();
+        let val = names.iter().filter(|n| is_validation(n, 3, 0.1)).count();
+        assert!((150..250).contains(&val), "{val}");
+        let again = names.iter().filter(|n| is_validation(n, 3, 0.1)).count();
+        assert_eq!(val, again);
+    }
+}

@@ -1,0 +1,499 @@
+//! Training: a token dataset in, a self-describing run folder out.
+//!
+//! Every random draw of step `s` (batch windows, transpositions, dropout, SPE
+//! noise, feature redraws) is seeded from (seed, s), so a run killed at any
+//! point and resumed from its last checkpoint reproduces the losses of an
+//! uninterrupted run.
+
+pub mod adamw;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod eval;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::model::{ModelConfig, Transformer};
+use crate::tokenizer::dataset::{self, Dataset};
+use crate::tokenizer::{Vocab, PAD_ID};
+use adamw::AdamW;
+use checkpoint::{TrainState, CONFIG_FILE, VOCAB_FILE};
+use config::{ConfigFile, RunConfig, TrainConfig};
+
+pub const METRICS_FILE: &str = "metrics.jsonl";
+pub const PLOT_FILE: &str = "loss.png";
+
+/// What the `train` command asks for. `None` fields fall back to the config
+/// file, then to the preset.
+#[derive(Debug, Clone, Default)]
+pub struct TrainOptions {
+    pub run_dir: PathBuf,
+    pub data: Option<PathBuf>,
+    pub preset: Option<String>,
+    pub positional: Option<String>,
+    pub config_file: Option<PathBuf>,
+    pub steps: Option<u64>,
+    pub seq_len: Option<i64>,
+    pub batch: Option<i64>,
+    pub lr: Option<f64>,
+    pub seed: Option<u64>,
+    pub device: Option<String>,
+    pub vocab: Option<PathBuf>,
+    pub resume: bool,
+    /// Stop after this step even though `steps` is larger (tests and time-boxed runs).
+    pub stop_after: Option<u64>,
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Metrics {
+    pub step: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub train_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    pub lr: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    pub steps_done: u64,
+    pub last_train_loss: f64,
+    pub last_val_loss: Option<f64>,
+    pub tokens_per_s: f64,
+    pub interrupted: bool,
+}
+
+/// Opens a dataset, or tokenizes MIDI files into `run_dir/dataset` first.
+pub fn resolve_dataset(data: &Path, run_dir: &Path, vocab: &Vocab) -> Result<PathBuf> {
+    if data.join(dataset::MANIFEST_FILE).is_file() {
+        return Ok(data.to_path_buf());
+    }
+    let out = run_dir.join("dataset");
+    if out.join(dataset::MANIFEST_FILE).is_file() {
+        return Ok(out);
+    }
+    let files = dataset::collect_midi_files(&[data.to_path_buf()])?;
+    if files.is_empty() {
+        bail!(
+            "{}: neither a dataset (no {}) nor a folder with MIDI files",
+            data.display(),
+            dataset::MANIFEST_FILE
+        );
+    }
+    eprintln!(
+        "tokenizing {} MIDI files from {} ...",
+        files.len(),
+        data.display()
+    );
+    let results = dataset::tokenize_files(&files, vocab, &|| {});
+    let m = dataset::write_dataset(&out, vocab, &files, results)?;
+    for s in &m.skipped {
+        eprintln!("skipped {}: {}", s.path, s.reason);
+    }
+    Ok(out)
+}
+
+/// Resolves the run's configuration: saved (resume) or preset < file < flags.
+fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
+    let saved = o.run_dir.join(CONFIG_FILE);
+    if o.resume {
+        let mut c: RunConfig = checkpoint::read_json(&saved)
+            .with_context(|| format!("--resume: {} is not a run folder", o.run_dir.display()))?;
+        if let Some(s) = o.steps {
+            c.train.steps = s;
+        }
+        if o.preset.is_some() || o.seq_len.is_some() || o.batch.is_some() || o.config_file.is_some()
+        {
+            bail!("--resume continues the saved configuration; only --steps may change");
+        }
+        return Ok(c);
+    }
+    let file: ConfigFile = match &o.config_file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read config {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("{}: bad config", p.display()))?
+        }
+        None => ConfigFile::default(),
+    };
+    let preset = o
+        .preset
+        .clone()
+        .or(file.preset.clone())
+        .unwrap_or_else(|| "small".into());
+    let mut model = ModelConfig::preset(&preset, vocab.len() as i64)?;
+    if let Some(p) = o.positional.as_ref().or(file.positional.as_ref()) {
+        model = model.with_positional(p)?;
+    }
+    let mut train = TrainConfig::for_preset(&preset);
+    if let Some(t) = &file.model {
+        model = config::merge_table(&model, t).context("bad [model] table")?;
+    }
+    if let Some(t) = &file.train {
+        train = config::merge_table(&train, t).context("bad [train] table")?;
+    }
+    if let Some(v) = o.steps {
+        train.steps = v;
+    }
+    if let Some(v) = o.seq_len {
+        train.seq_len = v;
+    }
+    if let Some(v) = o.batch {
+        train.batch = v;
+    }
+    if let Some(v) = o.lr {
+        train.lr = v;
+    }
+    if let Some(v) = o.seed {
+        train.seed = v;
+    }
+    model.vocab_size = vocab.len() as i64;
+    model.validate()?;
+    train.validate()?;
+    Ok(RunConfig {
+        model,
+        train,
+        vocab_hash: vocab.hash().to_string(),
+        dataset: String::new(),
+        preset,
+    })
+}
+
+static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// Ctrl-C sets a flag that the loop checks; the run saves and stops.
+fn interrupt_flag() -> Arc<AtomicBool> {
+    INTERRUPTED
+        .get_or_init(|| {
+            let flag = Arc::new(AtomicBool::new(false));
+            let f = flag.clone();
+            // A second handler cannot be installed; the flag then stays unused.
+            let _ = ctrlc::set_handler(move || f.store(true, Ordering::SeqCst));
+            flag
+        })
+        .clone()
+}
+
+pub fn set_threads(threads: usize) {
+    let n = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    tch::set_num_threads(n as i32);
+}
+
+/// Mean cross-entropy of next-token prediction over non-PAD targets.
+pub fn lm_loss(model: &Transformer, batch: &Tensor, train: bool) -> Tensor {
+    let l = batch.size()[1];
+    let input = batch.narrow(1, 0, l - 1);
+    let target = batch.narrow(1, 1, l - 1);
+    let logits = model.forward_t(&input, 0, train);
+    let v = logits.size()[2];
+    logits
+        .to_kind(Kind::Float)
+        .view([-1, v])
+        .cross_entropy_loss::<Tensor>(
+            &target.reshape([-1]),
+            None,
+            tch::Reduction::Mean,
+            PAD_ID as i64,
+            0.0,
+        )
+}
+
+fn to_batch(ids: &[i64], rows: i64, device: Device) -> Tensor {
+    Tensor::from_slice(ids).view([rows, -1]).to_device(device)
+}
+
+/// Mean validation loss over fixed windows (frozen noise).
+pub fn validation_loss(
+    model: &Transformer,
+    windows: &[Vec<u32>],
+    batch: usize,
+    device: Device,
+) -> f64 {
+    tch::no_grad(|| {
+        let (mut sum, mut count) = (0.0, 0.0);
+        for chunk in windows.chunks(batch.max(1)) {
+            let ids: Vec<i64> = chunk.iter().flatten().map(|&t| t as i64).collect();
+            let b = to_batch(&ids, chunk.len() as i64, device);
+            let n = b
+                .narrow(1, 1, b.size()[1] - 1)
+                .ne(PAD_ID as i64)
+                .sum(Kind::Float)
+                .double_value(&[]);
+            if n > 0.0 {
+                sum += lm_loss(model, &b, false).double_value(&[]) * n;
+                count += n;
+            }
+        }
+        if count > 0.0 {
+            sum / count
+        } else {
+            f64::NAN
+        }
+    })
+}
+
+fn append_metrics(run: &Path, m: &Metrics) -> Result<()> {
+    let path = run.join(METRICS_FILE);
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    writeln!(f, "{}", serde_json::to_string(m)?)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Reads the metrics log, keeping records up to `max_step` (what a resumed
+/// run must not repeat is dropped).
+pub fn read_metrics(run: &Path) -> Result<Vec<Metrics>> {
+    let path = run.join(METRICS_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(_) => return Ok(Vec::new()),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+fn truncate_metrics(run: &Path, max_step: u64) -> Result<()> {
+    let kept: Vec<Metrics> = read_metrics(run)?
+        .into_iter()
+        .filter(|m| m.step <= max_step)
+        .collect();
+    let mut text = String::new();
+    for m in &kept {
+        text.push_str(&serde_json::to_string(m)?);
+        text.push('\n');
+    }
+    crate::util::write_atomic(&run.join(METRICS_FILE), text.as_bytes())
+}
+
+fn plot_losses(run: &Path) -> Result<()> {
+    use crate::render::{line_plot_png, Series};
+    let metrics = read_metrics(run)?;
+    let train: Vec<(f64, f64)> = metrics
+        .iter()
+        .filter_map(|m| m.train_loss.map(|l| (m.step as f64, l)))
+        .collect();
+    // Smooth the noisy per-step loss for reading.
+    let k = (train.len() / 50).max(1);
+    let smooth: Vec<(f64, f64)> = train
+        .chunks(k)
+        .map(|c| {
+            let n = c.len() as f64;
+            (
+                c.iter().map(|p| p.0).sum::<f64>() / n,
+                c.iter().map(|p| p.1).sum::<f64>() / n,
+            )
+        })
+        .collect();
+    let val: Vec<(f64, f64)> = metrics
+        .iter()
+        .filter_map(|m| m.val_loss.map(|l| (m.step as f64, l)))
+        .collect();
+    line_plot_png(
+        "Loss",
+        "step",
+        "cross-entropy (nats/token)",
+        &[
+            Series {
+                name: "train".into(),
+                points: smooth,
+            },
+            Series {
+                name: "validation".into(),
+                points: val,
+            },
+        ],
+        &run.join(PLOT_FILE),
+    )
+}
+
+/// Trains (or resumes) a run.
+pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
+    let run = &o.run_dir;
+    std::fs::create_dir_all(run).with_context(|| format!("cannot create {}", run.display()))?;
+    let vocab = if o.resume {
+        Vocab::load(&run.join(VOCAB_FILE))?
+    } else {
+        match &o.vocab {
+            Some(p) => Vocab::load(p)?,
+            None => Vocab::new(Default::default())?,
+        }
+    };
+    let mut cfg = resolve_config(o, &vocab)?;
+    checkpoint::check_vocab(&cfg, &vocab, &run.join(VOCAB_FILE))?;
+    if !o.resume && checkpoint::checkpoint_dir(run).is_some() {
+        bail!(
+            "{} already holds a trained run: pass --resume to continue it, or choose another folder",
+            run.display()
+        );
+    }
+    let data_path = match (&o.data, o.resume) {
+        (Some(d), _) => resolve_dataset(d, run, &vocab)?,
+        (None, true) => PathBuf::from(&cfg.dataset),
+        (None, false) => bail!("--data is required for a new run"),
+    };
+    let ds = Dataset::open(&data_path)?;
+    if ds.vocab.hash() != vocab.hash() {
+        bail!(
+            "dataset {} was tokenized with vocabulary {}, the run uses {}",
+            data_path.display(),
+            ds.vocab.hash(),
+            vocab.hash()
+        );
+    }
+    cfg.dataset = data_path
+        .canonicalize()
+        .unwrap_or(data_path.clone())
+        .display()
+        .to_string();
+    if !o.resume {
+        checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
+        vocab.save(&run.join(VOCAB_FILE))?;
+    }
+    let tc = cfg.train.clone();
+    set_threads(tc.threads);
+    let device = checkpoint::parse_device(o.device.as_deref())?;
+
+    let split = data::split(&ds, tc.seed, tc.val_fraction);
+    if split.train.is_empty() {
+        bail!("{}: the dataset has no pieces", data_path.display());
+    }
+    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose);
+    let window = tc.seq_len as usize + 1;
+    let val_windows = data::validation_windows(&split.val, window, tc.val_windows);
+
+    tch::manual_seed(tc.seed as i64);
+    let mut vs = VarStore::new(device);
+    let mut model = Transformer::new(&vs.root(), &cfg.model)?;
+    model.freeze(tc.seed);
+    let mut opt = AdamW::new(vs.variables(), tc.beta1, tc.beta2, tc.eps, tc.weight_decay);
+    let mut state = TrainState {
+        step: 0,
+        seed: tc.seed,
+        best_val_loss: None,
+        last_val_loss: None,
+        tokens_seen: 0,
+    };
+    if o.resume {
+        if let Some(dir) = checkpoint::checkpoint_dir(run) {
+            let weights = dir.join(checkpoint::MODEL_FILE);
+            vs.load(&weights)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", weights.display()))?;
+            opt.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+            state = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
+        }
+        truncate_metrics(run, state.step)?;
+    } else {
+        truncate_metrics(run, 0)?;
+    }
+    let last_step = o.stop_after.unwrap_or(tc.steps).min(tc.steps);
+    let flag = interrupt_flag();
+    let pb = if o.progress {
+        indicatif::ProgressBar::new(tc.steps)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{bar:30}] step {pos}/{len} {msg} ETA {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_position(state.step);
+    let tokens_per_step = (tc.batch * tc.seq_len) as f64;
+    let started = Instant::now();
+    let start_step = state.step;
+    let mut last_loss = f64::NAN;
+    let mut interrupted = false;
+    let use_autocast = device.is_cuda();
+    while state.step < last_step {
+        let step = state.step;
+        let t0 = Instant::now();
+        tch::manual_seed((tc.seed ^ step.wrapping_mul(0x2545_f491_4f6c_dd1d)) as i64 & i64::MAX);
+        let ids = batcher.batch(step, tc.batch as usize, window);
+        let batch = to_batch(&ids, tc.batch, device);
+        let lr = tc.lr_at(step);
+        opt.zero_grad();
+        let loss = tch::autocast(use_autocast, || lm_loss(&model, &batch, true));
+        loss.backward();
+        let grad_norm = opt.clip_grad_norm(tc.grad_clip);
+        opt.update(lr);
+        last_loss = loss.double_value(&[]);
+        if !last_loss.is_finite() {
+            bail!("training diverged at step {step} (loss {last_loss}); lower --lr");
+        }
+        state.step += 1;
+        state.tokens_seen += tokens_per_step as u64;
+        let tps = tokens_per_step / t0.elapsed().as_secs_f64().max(1e-9);
+        let mut m = Metrics {
+            step: state.step,
+            train_loss: Some(last_loss),
+            val_loss: None,
+            lr,
+            grad_norm: Some(grad_norm),
+            tokens_per_s: Some(tps),
+        };
+        let done = state.step >= last_step;
+        interrupted = flag.load(Ordering::SeqCst);
+        if state.step % tc.val_every == 0 || done {
+            let v = validation_loss(&model, &val_windows, tc.batch as usize, device);
+            m.val_loss = Some(v);
+            state.last_val_loss = Some(v);
+            if state.best_val_loss.is_none_or(|b| v < b) {
+                state.best_val_loss = Some(v);
+            }
+        }
+        append_metrics(run, &m)?;
+        if m.val_loss.is_some() {
+            plot_losses(run)?;
+        }
+        if state.step % tc.checkpoint_every == 0 || done || interrupted {
+            checkpoint::save_checkpoint(run, &vs, Some(&opt), &state)?;
+        }
+        pb.set_position(state.step);
+        pb.set_message(format!(
+            "loss {last_loss:.3}{} {tps:.0} tok/s",
+            state
+                .last_val_loss
+                .map(|v| format!(" val {v:.3}"))
+                .unwrap_or_default()
+        ));
+        if interrupted {
+            pb.println("interrupted: checkpoint saved; continue with --resume");
+            break;
+        }
+    }
+    pb.finish_and_clear();
+    let _ = &mut model;
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(TrainSummary {
+        steps_done: state.step,
+        last_train_loss: last_loss,
+        last_val_loss: state.last_val_loss,
+        tokens_per_s: (state.step - start_step) as f64 * tokens_per_step / elapsed.max(1e-9),
+        interrupted,
+    })
+}
