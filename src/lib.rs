@@ -9,6 +9,7 @@ pub mod cli;
 pub mod midi;
 pub mod model;
 pub mod render;
+pub mod sample;
 pub mod tokenizer;
 pub mod train;
 pub mod util;

@@ -1,5 +1,6 @@
 //! The `cadenza` command line.
 
+mod generate;
 mod learn;
 mod tokens;
 
@@ -38,6 +39,10 @@ pub enum Command {
     Train(learn::TrainArgs),
     /// Per-position NLL of a trained model on held-out pieces.
     Eval(learn::EvalArgs),
+    /// Continue a prompt (or start from nothing) with a trained model.
+    Generate(generate::GenerateArgs),
+    /// Render a MIDI file to WAV with a General MIDI SoundFont.
+    Render(generate::RenderArgs),
 }
 
 /// Options shared by commands that tokenize.
@@ -67,5 +72,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Vocab(a) => tokens::vocab(a),
         Command::Train(a) => learn::train(a),
         Command::Eval(a) => learn::eval(a),
+        Command::Generate(a) => generate::generate(a),
+        Command::Render(a) => generate::render_cmd(a),
     }
 }

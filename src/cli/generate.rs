@@ -1,0 +1,228 @@
+//! Commands that make music: generate, render.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use crate::midi;
+use crate::render;
+use crate::sample::{self, SampleConfig};
+use crate::tokenizer;
+use crate::train::checkpoint;
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// Trained run folder or shipped model folder (e.g. models/cadenza-small).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// MIDI file to continue (default: start from nothing).
+    #[arg(long)]
+    pub prompt: Option<PathBuf>,
+    /// Use only the first N bars of the prompt.
+    #[arg(long)]
+    pub prompt_bars: Option<usize>,
+    /// Tokens to generate after the prompt.
+    #[arg(long, default_value_t = 3072)]
+    pub tokens: usize,
+    /// Stop when the piece reaches this many bars.
+    #[arg(long)]
+    pub max_bars: Option<usize>,
+    /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ...
+    #[arg(long, default_value_t = 1)]
+    pub num_samples: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sample without the grammar constraint.
+    #[arg(long)]
+    pub unconstrained: bool,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Output MIDI file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Also render audio (WAV) here.
+    #[arg(long)]
+    pub wav: Option<PathBuf>,
+    /// Also draw a piano roll (PNG) here.
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+    /// Also write the token strings here.
+    #[arg(long)]
+    pub tokens_out: Option<PathBuf>,
+    /// SoundFont for --wav (default: a system General MIDI SoundFont).
+    #[arg(long)]
+    pub soundfont: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RenderArgs {
+    /// MIDI file.
+    pub input: PathBuf,
+    /// Output WAV file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Also draw a piano roll (PNG) here.
+    #[arg(long)]
+    pub png: Option<PathBuf>,
+    #[arg(long)]
+    pub soundfont: Option<PathBuf>,
+    #[arg(long, default_value_t = 44_100)]
+    pub sample_rate: u32,
+}
+
+/// OUT.mid for one sample, OUT-1.mid, OUT-2.mid ... for several.
+pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
+    if n == 1 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(e) => format!("{stem}-{}.{}", i + 1, e.to_string_lossy()),
+        None => format!("{stem}-{}", i + 1),
+    };
+    path.with_file_name(name)
+}
+
+fn render_options() -> render::RenderOptions {
+    render::RenderOptions {
+        gain: 2.0,
+        ..render::RenderOptions::default()
+    }
+}
+
+pub fn generate(a: GenerateArgs) -> Result<i32> {
+    let device = checkpoint::parse_device(a.device.as_deref())?;
+    crate::train::set_threads(0);
+    // Fail early on a missing SoundFont rather than after sampling.
+    let soundfont = match &a.wav {
+        Some(_) => Some(render::find_soundfont(a.soundfont.as_deref())?),
+        None => None,
+    };
+    let mut m = checkpoint::load_model(&a.model, device)?;
+    m.model.freeze(a.seed);
+    let vocab = &m.vocab;
+    let body = match &a.prompt {
+        Some(p) => {
+            let (score, report) = midi::read_file(p)?;
+            for w in report.warnings() {
+                eprintln!("warning: {}: {w}", p.display());
+            }
+            let (ids, q) = tokenizer::encode(&score, vocab);
+            for w in q.warnings() {
+                eprintln!("warning: {}: {w}", p.display());
+            }
+            if ids.is_empty() {
+                bail!("{}: the prompt has no notes", p.display());
+            }
+            ids
+        }
+        None => Vec::new(),
+    };
+    let prompt = sample::prompt_tokens(&body, a.prompt_bars);
+    let cfg = SampleConfig {
+        max_tokens: a.tokens,
+        max_bars: a.max_bars,
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        constrained: !a.unconstrained,
+    };
+    let pb = indicatif::ProgressBar::new(a.tokens as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} generating [{bar:30}] {pos}/{len} tokens {per_sec} ETA {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    let t0 = Instant::now();
+    let samples = sample::generate(&m.model, vocab, &prompt, a.num_samples, &cfg, &mut |n| {
+        pb.set_position(n as u64)
+    })?;
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let generated: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
+    println!(
+        "generated {generated} tokens in {secs:.1} s ({:.0} tokens/s) after a {}-token prompt",
+        generated as f64 / secs.max(1e-9),
+        prompt.len()
+    );
+    let n = samples.len();
+    for (i, s) in samples.iter().enumerate() {
+        let (score, rep) = tokenizer::decode(&s.tokens, vocab);
+        let score = tokenizer::to_output_resolution(&score);
+        let out = numbered(&a.output, i, n);
+        midi::write_file(&score, &out)?;
+        println!(
+            "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), {} skipped token(s)",
+            out.display(),
+            s.tokens.len(),
+            score.notes.len(),
+            score.duration_seconds(),
+            s.stop,
+            s.grammar_corrections,
+            rep.skipped
+        );
+        if let Some(t) = &a.tokens_out {
+            let path = numbered(t, i, n);
+            let text: String = s
+                .tokens
+                .iter()
+                .map(|&id| format!("{}\n", vocab.string(id).unwrap_or("?")))
+                .collect();
+            crate::util::write_atomic(&path, text.as_bytes())?;
+            println!("{}: tokens", path.display());
+        }
+        if let (Some(w), Some(sf)) = (&a.wav, &soundfont) {
+            let path = numbered(w, i, n);
+            let st = render::render_wav(&score, sf, &render_options(), &path)?;
+            println!("{}: {:.1} s of audio", path.display(), st.seconds);
+        }
+        if let Some(p) = &a.png {
+            let path = numbered(p, i, n);
+            render::piano_roll_png(&score, &path, &render::PianoRollOptions::default())?;
+            println!("{}: piano roll", path.display());
+        }
+    }
+    Ok(0)
+}
+
+pub fn render_cmd(a: RenderArgs) -> Result<i32> {
+    let (score, report) = midi::read_file(&a.input)?;
+    for w in report.warnings() {
+        eprintln!("warning: {}: {w}", a.input.display());
+    }
+    let sf = render::find_soundfont(a.soundfont.as_deref())?;
+    let opts = render::RenderOptions {
+        sample_rate: a.sample_rate,
+        ..render_options()
+    };
+    let st = render::render_wav(&score, &sf, &opts, &a.output)
+        .with_context(|| format!("cannot render {}", a.input.display()))?;
+    println!(
+        "{}: {:.1} s, peak {:.2}, rms {:.3}",
+        a.output.display(),
+        st.seconds,
+        st.peak,
+        st.rms
+    );
+    if let Some(p) = &a.png {
+        render::piano_roll_png(&score, p, &render::PianoRollOptions::default())?;
+        println!("{}: piano roll", p.display());
+    }
+    Ok(0)
+}
