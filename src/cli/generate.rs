@@ -25,6 +25,9 @@ pub struct GenerateArgs {
     /// Tokens to generate after the prompt.
     #[arg(long, default_value_t = 3072)]
     pub tokens: usize,
+    /// Do not end the piece (EOS) before this many tokens.
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
     /// Stop when the piece reaches this many bars.
     #[arg(long)]
     pub max_bars: Option<usize>,
@@ -140,6 +143,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         top_p: a.top_p,
         seed: a.seed,
         constrained: !a.unconstrained,
+        min_tokens: a.min_tokens,
     };
     let pb = indicatif::ProgressBar::new(a.tokens as u64);
     pb.set_style(

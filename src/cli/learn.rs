@@ -151,3 +151,34 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
     println!("wrote {}", png.display());
     Ok(0)
 }
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// Reports written by `cadenza eval --json`.
+    #[arg(required = true)]
+    pub reports: Vec<PathBuf>,
+    /// Plot of all curves.
+    #[arg(long)]
+    pub png: PathBuf,
+    /// Markdown table of the bands (also printed).
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+}
+
+pub fn compare(a: CompareArgs) -> Result<i32> {
+    let reports: Vec<eval::EvalReport> = a
+        .reports
+        .iter()
+        .map(|p| crate::train::checkpoint::read_json(p))
+        .collect::<Result<_>>()?;
+    let named: Vec<(String, &eval::EvalReport)> =
+        reports.iter().map(|r| (r.positional.clone(), r)).collect();
+    eval::plot(&named, &a.png)?;
+    let table = eval::markdown_table(&reports);
+    print!("{table}");
+    if let Some(m) = &a.markdown {
+        crate::util::write_atomic(m, table.as_bytes())?;
+    }
+    println!("wrote {}", a.png.display());
+    Ok(0)
+}

@@ -39,6 +39,8 @@ pub enum Command {
     Train(learn::TrainArgs),
     /// Per-position NLL of a trained model on held-out pieces.
     Eval(learn::EvalArgs),
+    /// Plot and tabulate several `eval --json` reports together.
+    CompareEval(learn::CompareArgs),
     /// Continue a prompt (or start from nothing) with a trained model.
     Generate(generate::GenerateArgs),
     /// Render a MIDI file to WAV with a General MIDI SoundFont.
@@ -72,6 +74,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Vocab(a) => tokens::vocab(a),
         Command::Train(a) => learn::train(a),
         Command::Eval(a) => learn::eval(a),
+        Command::CompareEval(a) => learn::compare(a),
         Command::Generate(a) => generate::generate(a),
         Command::Render(a) => generate::render_cmd(a),
     }

@@ -502,6 +502,9 @@ impl Transformer {
         let train = mode == Mode::Train;
         let p = cfg.dropout;
         let kind = self.param_kind();
+        if l == 0 {
+            return Tensor::zeros([b, 0, cfg.vocab_size], (Kind::Float, self.device));
+        }
 
         let mut x = Tensor::embedding(
             &self.embed,
@@ -531,11 +534,11 @@ impl Transformer {
         ) = (mode, &cfg.attention)
         {
             let mut g = self.train_features.lock().unwrap();
-            for f in g.iter_mut() {
-                if *redraw_prob > 0.0
-                    && Tensor::rand([1], (Kind::Double, Device::Cpu)).double_value(&[0])
-                        < *redraw_prob
-                {
+            // one coin per training call: all layers' projections are redrawn together
+            if *redraw_prob > 0.0
+                && Tensor::rand([1], (Kind::Double, Device::Cpu)).double_value(&[0]) < *redraw_prob
+            {
+                for f in g.iter_mut() {
                     *f = FavorFeatures::draw(*features, cfg.qk_dim(), *antithetic, self.device);
                 }
             }

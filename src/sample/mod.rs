@@ -27,6 +27,8 @@ pub struct SampleConfig {
     pub seed: u64,
     /// Forbid tokens the REMI grammar does not allow (on by default).
     pub constrained: bool,
+    /// Forbid EOS until this many tokens are generated.
+    pub min_tokens: usize,
 }
 
 impl Default for SampleConfig {
@@ -39,6 +41,7 @@ impl Default for SampleConfig {
             top_p: 0.95,
             seed: 0,
             constrained: true,
+            min_tokens: 0,
         }
     }
 }
@@ -233,13 +236,16 @@ pub fn generate(
     let logits = model.prefill(&batch, &mut state);
     let mut last = logits.select(1, prompt.len() as i64 - 1);
     for generated in 0..cfg.max_tokens {
-        let rows = logits_rows(&last);
+        let mut rows = logits_rows(&last);
         let mut next = vec![PAD_ID as i64; n];
         for i in 0..n {
             if done[i] {
                 continue;
             }
             let g = cfg.constrained.then_some(&grammars[i]);
+            if generated < cfg.min_tokens {
+                rows[i][EOS_ID as usize] = f32::NEG_INFINITY;
+            }
             let (tok, corrected) = pick(&rows[i], cfg, g, &mut rngs[i]);
             samples[i].grammar_corrections += corrected as usize;
             if tok == EOS_ID {

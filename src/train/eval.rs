@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
 use super::checkpoint::{self, LoadedModel};
@@ -26,7 +26,7 @@ pub struct EvalOptions {
     pub seed: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Bin {
     pub start: usize,
     pub end: usize,
@@ -34,7 +34,7 @@ pub struct Bin {
     pub tokens: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
     pub model: String,
     pub positional: String,
@@ -171,4 +171,34 @@ pub fn plot(reports: &[(String, &EvalReport)], out: &Path) -> Result<()> {
         &series,
         out,
     )
+}
+
+fn cell(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into())
+}
+
+/// A markdown table of mean NLL within the training length and in the bands
+/// beyond it, one row per report.
+pub fn markdown_table(reports: &[EvalReport]) -> String {
+    let mut out = String::from(
+        "| model | positional | pieces | NLL 0..L | NLL L..2L | NLL 2L..4L | change 2L..4L vs 0..L |\n\
+         | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in reports {
+        let change = r
+            .mean_2x_4x
+            .map(|b| format!("{:+.1}%", (b / r.mean_within - 1.0) * 100.0))
+            .unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.4} | {} | {} | {} |\n",
+            r.model,
+            r.positional,
+            r.pieces,
+            r.mean_within,
+            cell(r.mean_1x_2x),
+            cell(r.mean_2x_4x),
+            change
+        ));
+    }
+    out
 }

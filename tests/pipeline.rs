@@ -1,0 +1,370 @@
+//! Training, resuming, evaluating and generating with the tiny preset on the
+//! bundled sample files (no shared corpus needed).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cadenza::midi;
+use cadenza::sample::{self, SampleConfig};
+use cadenza::tokenizer::{self, dataset, validate, Vocab};
+use cadenza::train::{self, checkpoint, TrainOptions};
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cadenza"))
+}
+
+/// A small dataset: the sample prompts plus generated scales and arpeggios
+/// with drums, so the tests need nothing outside the repository.
+fn dataset_dir(dir: &Path) -> PathBuf {
+    let midi_dir = dir.join("midi");
+    std::fs::create_dir_all(&midi_dir).unwrap();
+    for f in std::fs::read_dir("midi_samples").unwrap() {
+        let p = f.unwrap().path();
+        if dataset::is_midi_path(&p) {
+            std::fs::copy(&p, midi_dir.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    for k in 0..12u8 {
+        let mut s = midi::Score::new(480);
+        for i in 0..64u64 {
+            let degree = [0u8, 2, 4, 5, 7, 9, 11, 12][(i % 8) as usize];
+            s.notes.push(midi::Note {
+                start: i * 240,
+                duration: 240,
+                pitch: 48 + k + degree,
+                velocity: 64 + (i % 4) as u8 * 8,
+                program: k % 3,
+                channel: 0,
+                is_drum: false,
+            });
+            if i % 2 == 0 {
+                s.notes.push(midi::Note {
+                    start: i * 240,
+                    duration: 120,
+                    pitch: if i % 4 == 0 { 36 } else { 38 },
+                    velocity: 100,
+                    program: 0,
+                    channel: 9,
+                    is_drum: true,
+                });
+            }
+        }
+        s.sort();
+        midi::write_file(&s, &midi_dir.join(format!("scale{k}.mid"))).unwrap();
+    }
+    let out = dir.join("data");
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let files = dataset::collect_midi_files(&[midi_dir]).unwrap();
+    let results = dataset::tokenize_files(&files, &vocab, &|| {});
+    let m = dataset::write_dataset(&out, &vocab, &files, results).unwrap();
+    assert_eq!(m.pieces, 15);
+    out
+}
+
+fn tiny_opts(run: &Path, data: &Path, steps: u64) -> TrainOptions {
+    TrainOptions {
+        run_dir: run.to_path_buf(),
+        data: Some(data.to_path_buf()),
+        preset: Some("tiny".into()),
+        steps: Some(steps),
+        seq_len: Some(64),
+        batch: Some(4),
+        seed: Some(1),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn tiny_model_learns_resumes_exactly_and_generates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset_dir(tmp.path());
+    let vocab = Vocab::new(Default::default()).unwrap();
+
+    // An uninterrupted run.
+    let full = tmp.path().join("full");
+    let s = train::train(&tiny_opts(&full, &data, 30)).unwrap();
+    let uniform = (vocab.len() as f64).ln();
+    let val = s.last_val_loss.unwrap();
+    assert!(
+        val < 0.6 * uniform,
+        "validation loss {val} vs uniform {uniform}"
+    );
+
+    // The same run stopped at step 20 (a checkpoint) and resumed.
+    let part = tmp.path().join("part");
+    let mut o = tiny_opts(&part, &data, 30);
+    o.stop_after = Some(20);
+    train::train(&o).unwrap();
+    let mut o = tiny_opts(&part, &data, 30);
+    o.resume = true;
+    o.preset = None;
+    o.seq_len = None;
+    o.batch = None;
+    train::train(&o).unwrap();
+    let a = train::read_metrics(&full).unwrap();
+    let b = train::read_metrics(&part).unwrap();
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.step, y.step);
+        let (lx, ly) = (x.train_loss.unwrap(), y.train_loss.unwrap());
+        assert!(
+            (lx - ly).abs() <= 1e-5 * lx.abs(),
+            "step {}: {lx} vs {ly}",
+            x.step
+        );
+    }
+    // No half-written checkpoint folders are left behind.
+    for e in std::fs::read_dir(&part).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!name.contains(".tmp"), "leftover {name}");
+    }
+
+    // Evaluation writes a per-position curve.
+    let r = train::eval::evaluate(&train::eval::EvalOptions {
+        model_dir: full.clone(),
+        data: Some(data.clone()),
+        max_len: Some(128),
+        bin: 32,
+        min_len: 0,
+        max_pieces: 20,
+        device: Some("cpu".into()),
+        seed: 0,
+    })
+    .unwrap();
+    assert_eq!(r.bins.len(), 4);
+    assert!(r.mean_within < uniform && r.mean_beyond.unwrap() < uniform);
+
+    // Generation: valid, prompt kept, deterministic, samples differ.
+    let mut m = checkpoint::load_model(&full, tch::Device::Cpu).unwrap();
+    m.model.freeze(3);
+    let (score, _) = midi::read_file(Path::new("midi_samples/oneills-reel-4-4.mid")).unwrap();
+    let (body, _) = tokenizer::encode(&score, &m.vocab);
+    let prompt = sample::prompt_tokens(&body, Some(2));
+    let cfg = SampleConfig {
+        max_tokens: 200,
+        seed: 5,
+        ..Default::default()
+    };
+    let run = |n| sample::generate(&m.model, &m.vocab, &prompt, n, &cfg, &mut |_| {}).unwrap();
+    let first = run(3);
+    let again = run(3);
+    assert_eq!(first[0].tokens, again[0].tokens, "same seed, same piece");
+    assert_ne!(first[0].tokens, first[1].tokens, "samples differ");
+    for s in &first {
+        assert_eq!(&s.tokens[..prompt.len()], &prompt[..]);
+        validate(&s.tokens, &m.vocab).unwrap();
+        let (d, rep) = tokenizer::decode(&s.tokens, &m.vocab);
+        assert!(rep.is_clean(), "{rep:?}");
+        let bytes = midi::to_bytes(&tokenizer::to_output_resolution(&d)).unwrap();
+        assert!(midi::parse(&bytes).is_ok());
+    }
+    // Without a prompt too.
+    let free = sample::generate(
+        &m.model,
+        &m.vocab,
+        &[tokenizer::BOS_ID],
+        1,
+        &cfg,
+        &mut |_| {},
+    )
+    .unwrap();
+    validate(&free[0].tokens, &m.vocab).unwrap();
+
+    // The recurrence samples what recomputing the whole prefix samples.
+    let short = SampleConfig {
+        max_tokens: 40,
+        ..cfg.clone()
+    };
+    let rec = sample::generate(&m.model, &m.vocab, &prompt, 1, &short, &mut |_| {}).unwrap();
+    let full_recompute =
+        sample::generate_by_recompute(&m.model, &m.vocab, &prompt, &short).unwrap();
+    assert_eq!(rec[0].tokens, full_recompute.tokens);
+
+    // The first-token distribution after the prompt matches the parallel forward.
+    let ids: Vec<i64> = prompt.iter().map(|&t| t as i64).collect();
+    let x = tch::Tensor::from_slice(&ids).view([1, -1]);
+    let par = m
+        .model
+        .forward_t(&x, 0, false)
+        .select(1, ids.len() as i64 - 1);
+    let mut st = m.model.begin(1);
+    let pre = m.model.prefill(&x, &mut st).select(1, ids.len() as i64 - 1);
+    let pp = par.softmax(-1, tch::Kind::Float);
+    let pr = pre.softmax(-1, tch::Kind::Float);
+    assert!((pp - pr).abs().max().double_value(&[]) < 1e-5);
+
+    // A vocabulary the model was not trained with is refused.
+    let other = Vocab::new(tokenizer::RemiConfig {
+        velocity_bins: 16,
+        ..Default::default()
+    })
+    .unwrap();
+    other.save(&full.join("vocab.json")).unwrap();
+    let err = checkpoint::load_model(&full, tch::Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("vocab"), "{err}");
+}
+
+#[test]
+fn sigkill_and_resume_reach_the_same_losses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset_dir(tmp.path());
+    let args = |run: &Path| {
+        vec![
+            "train".to_string(),
+            "--data".into(),
+            data.display().to_string(),
+            "-o".into(),
+            run.display().to_string(),
+            "--preset".into(),
+            "tiny".into(),
+            "--steps".into(),
+            "40".into(),
+            "--seq-len".into(),
+            "48".into(),
+            "--batch".into(),
+            "2".into(),
+            "--seed".into(),
+            "9".into(),
+        ]
+    };
+    let full = tmp.path().join("full");
+    let st = Command::new(bin()).args(args(&full)).output().unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+
+    let killed = tmp.path().join("killed");
+    let mut child = Command::new(bin())
+        .args(args(&killed))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once a checkpoint exists and it has gone on a little past it.
+    let state = killed.join("checkpoint").join("state.json");
+    let t0 = std::time::Instant::now();
+    while !state.exists() && t0.elapsed().as_secs() < 300 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    child.kill().unwrap(); // SIGKILL
+    let _ = child.wait();
+    let st = Command::new(bin())
+        .args(["train", "-o", &killed.display().to_string(), "--resume"])
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let a = train::read_metrics(&full).unwrap();
+    let b = train::read_metrics(&killed).unwrap();
+    assert_eq!(a.len(), 40);
+    assert_eq!(b.len(), 40);
+    for (x, y) in a.iter().zip(&b) {
+        let (lx, ly) = (x.train_loss.unwrap(), y.train_loss.unwrap());
+        assert!(
+            (lx - ly).abs() <= 1e-5 * lx.abs(),
+            "step {}: {lx} vs {ly}",
+            x.step
+        );
+    }
+}
+
+#[test]
+fn cli_reports_bad_inputs_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk.mid");
+    std::fs::write(&junk, b"definitely not midi").unwrap();
+    let out = Command::new(bin())
+        .args(["inspect", &junk.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("junk.mid") && err.contains("not a valid MIDI"),
+        "{err}"
+    );
+
+    // One bad file in a folder is skipped and reported; --strict makes it an error code.
+    let dir = tmp.path().join("in");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy("midi_samples/oneills-jig-6-8.mid", dir.join("a.MID")).unwrap();
+    std::fs::copy(&junk, dir.join("b.mid")).unwrap();
+    let ds = tmp.path().join("ds");
+    let out = Command::new(bin())
+        .args([
+            "tokenize",
+            &dir.display().to_string(),
+            "-o",
+            &ds.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("b.mid"));
+    let d = dataset::Dataset::open(&ds).unwrap();
+    assert_eq!(d.pieces.len(), 1);
+    assert_eq!(d.manifest.skipped.len(), 1);
+    let out = Command::new(bin())
+        .args([
+            "tokenize",
+            &dir.display().to_string(),
+            "-o",
+            &ds.display().to_string(),
+            "--strict",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+
+    // A model folder that is not one.
+    let out = Command::new(bin())
+        .args([
+            "generate",
+            "--model",
+            &tmp.path().display().to_string(),
+            "-o",
+            "x.mid",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
+
+    // A bad flag value.
+    let out = Command::new(bin())
+        .args(["generate", "--model", "m", "-o", "x.mid", "--top-p", "abc"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+
+    // encode / decode round trip through files.
+    let toks = tmp.path().join("t.txt");
+    let out = Command::new(bin())
+        .args(["encode", "midi_samples/oneills-air-3-4.mid"])
+        .output()
+        .unwrap();
+    std::fs::write(&toks, &out.stdout).unwrap();
+    let mid = tmp.path().join("t.mid");
+    let out = Command::new(bin())
+        .args([
+            "decode",
+            &toks.display().to_string(),
+            "-o",
+            &mid.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let (a, _) = midi::read_file(Path::new("midi_samples/oneills-air-3-4.mid")).unwrap();
+    let (b, _) = midi::read_file(&mid).unwrap();
+    assert_eq!(a.notes.len(), b.notes.len());
+}
