@@ -8,7 +8,8 @@
 //! CADENZA_BENCH_PRESET [small], CADENZA_BENCH_LENS [512,1024,2048], CADENZA_BENCH_STEPS [2],
 //! CADENZA_BENCH_MEM_LEN [3072], CADENZA_BENCH_POSITIONS [0,1024,3072],
 //! CADENZA_BENCH_STEP_TOKENS [32], CADENZA_BENCH_POSITIONAL [spe-sine],
-//! CADENZA_BENCH_SOFTMAX [1] (0 skips the softmax rows).
+//! CADENZA_BENCH_SOFTMAX [1] (0 skips the softmax rows), CADENZA_BENCH_THREADS [torch default].
+//! Timings are best-of (training) and median (steps) to resist other load on small machines.
 //!
 //! The model module is included by path so that this file builds inside any crate that has
 //! the module's dependencies (tch, serde, anyhow, rand, rand_chacha, rand_distr).
@@ -99,6 +100,9 @@ fn memory_child(spec: &str) {
 }
 
 fn main() {
+    if let Ok(t) = std::env::var("CADENZA_BENCH_THREADS") {
+        tch::set_num_threads(t.parse().expect("CADENZA_BENCH_THREADS"));
+    }
     if let Ok(spec) = std::env::var(CHILD_ENV) {
         memory_child(&spec);
         return;
@@ -129,18 +133,17 @@ fn main() {
 
     // 1. training throughput
     println!("## Training step (forward+backward, batch 1)\n");
-    println!("| attention | L | s/step | tokens/s |\n|---|---:|---:|---:|");
+    println!("| attention | L | s/step (best of {steps}) | tokens/s |\n|---|---:|---:|---:|");
     for attn in &attns {
         tch::manual_seed(0);
         let vs = nn::VarStore::new(Device::Cpu);
         let m = Transformer::new(&vs.root(), &config(attn)).unwrap();
         for &l in &lens {
             train_step(&vs, &m, l); // warm-up
-            let mut total = 0.0;
-            for _ in 0..steps {
-                total += train_step(&vs, &m, l);
-            }
-            let per = total / steps as f64;
+                                    // best of `steps`: robust to other processes sharing the (small) machine
+            let per = (0..steps)
+                .map(|_| train_step(&vs, &m, l))
+                .fold(f64::INFINITY, f64::min);
             println!("| {attn} | {l} | {per:.3} | {:.0} |", l as f64 / per);
         }
     }
@@ -185,7 +188,7 @@ fn main() {
     }
 
     // 3. recurrent step latency
-    println!("\n## Recurrent step latency (batch 1, {step_tokens} steps timed per position)\n");
+    println!("\n## Recurrent step latency (batch 1, median of {step_tokens} steps per position)\n");
     println!("| attention | position | us/token |\n|---|---:|---:|");
     for attn in &attns {
         tch::manual_seed(0);
@@ -206,11 +209,16 @@ fn main() {
             let toks: Vec<Tensor> = (0..step_tokens)
                 .map(|_| random_tokens(1, 1).view([1]))
                 .collect();
-            let t0 = Instant::now();
-            for t in &toks {
-                let _ = m.step(t, &mut st);
-            }
-            let us = t0.elapsed().as_secs_f64() * 1e6 / step_tokens as f64;
+            let mut times: Vec<f64> = toks
+                .iter()
+                .map(|t| {
+                    let t0 = Instant::now();
+                    let _ = m.step(t, &mut st);
+                    t0.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let us = times[times.len() / 2]; // median
             println!("| {attn} | {p} | {us:.0} |");
         }
     }

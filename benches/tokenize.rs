@@ -185,7 +185,7 @@ fn miditok(python: &str, list: &Path) -> Result<MidiTok> {
 fn row(name: &str, threads: usize, r: &Run) {
     let s = r.seconds;
     println!(
-        "| {name} | {threads} | {} | {} | {:.2} | {:.0} | {:.0} | {:.2} | {} |",
+        "| {name} | {threads} | {} | {} | {:.3} | {:.0} | {:.0} | {:.2} | {} |",
         r.files,
         r.errors,
         s,

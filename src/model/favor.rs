@@ -1,6 +1,10 @@
 //! FAVOR+ (Performer) positive orthogonal random features and causal linear attention
 //! (chunked parallel form and recurrent form). Everything here runs in f32.
 
+// `a = a + b` is deliberate: tch's `+=` is an in-place add, which would write into
+// tensors that autograd or a caller still holds.
+#![allow(clippy::assign_op_pattern)]
+
 use tch::{Device, Kind, Tensor};
 
 use crate::model::noise;

@@ -120,17 +120,17 @@ impl SineSpe {
         let dev = self.freqs.device();
         let kind = self.freqs.kind();
         let (h, d, k, r) = (self.heads, self.dim, self.sines, self.realizations);
-        // phases in f64 so that large positions keep their precision
+        // f * m in cycles is formed in f64 and reduced mod 1 (frac has unit gradient) before
+        // going back to the params' kind: large positions keep their phase precision while the
+        // cos/sin tensors saved for backward stay in f32.
         let f = self.frequencies().to_kind(Kind::Double);
         let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).view([-1, 1, 1, 1]);
-        let kph = f.unsqueeze(0) * pos * (2.0 * PI); // (L, H, D, K)
-        let qph = &kph + self.offsets.to_kind(Kind::Double).unsqueeze(0);
+        let cycles = (f.unsqueeze(0) * pos).frac().to_kind(kind); // (L, H, D, K)
+        let kph = cycles * (2.0 * PI);
+        let qph = &kph + self.offsets.unsqueeze(0);
         // interleaved [cos_0, sin_0, cos_1, sin_1, ...]
-        let omega = |ph: &Tensor| {
-            Tensor::stack(&[ph.cos(), ph.sin()], -1)
-                .reshape([len, h, d, 2 * k])
-                .to_kind(kind)
-        };
+        let omega =
+            |ph: &Tensor| Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([len, h, d, 2 * k]);
         let oq = omega(&qph);
         let ok = omega(&kph);
         // softplus(gains) duplicated in the same interleaved order
@@ -504,6 +504,39 @@ mod tests {
             .mean_dim([-1i64].as_slice(), false, None)
             / 2.0;
         assert!((p.squeeze_dim(0) - want).abs().max().double_value(&[]) < 1e-12);
+    }
+
+    #[test]
+    fn spe_sine_codes_precise_at_large_positions() {
+        // f32 parameters at position ~1e7: the code equals an all-f64 evaluation of the doc's
+        // formula with the same (f32) frequencies, i.e. no phase precision is lost.
+        let vs = nn::VarStore::new(Device::Cpu);
+        let spe = SineSpe::new(&vs.root(), H, D, 3, R);
+        let z = randn64(&mut ChaCha8Rng::seed_from_u64(5), &[H, D, 6, R]);
+        let pos = 10_000_003i64;
+        let (q32, k32) = spe.codes(pos, 1, &z.to_kind(Kind::Float));
+        let f = spe.frequencies().to_kind(Kind::Double);
+        let th = spe.offsets.to_kind(Kind::Double);
+        let g = spe.gains.to_kind(Kind::Double).softplus();
+        let g = Tensor::stack(&[&g, &g], -1).reshape([H, D, 6, 1]);
+        let reference = |ph: Tensor| {
+            let om = Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([H, D, 1, 6]);
+            om.matmul(&(&z * &g)).squeeze_dim(2) * ((R * D) as f64).powf(-0.25)
+        };
+        let kref = reference(&f * (2.0 * PI * pos as f64));
+        let qref = reference(&f * (2.0 * PI * pos as f64) + &th);
+        let e = (k32.squeeze_dim(0).to_kind(Kind::Double) - &kref)
+            .abs()
+            .max()
+            .double_value(&[])
+            + (q32.squeeze_dim(0).to_kind(Kind::Double) - &qref)
+                .abs()
+                .max()
+                .double_value(&[]);
+        assert!(
+            e < 1e-4 * kref.abs().max().double_value(&[]),
+            "f32 code error {e}"
+        );
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //!   ConvSPE noise of position p is a pure function of (seed, code, p) (ChaCha8), so any window
 //!   and the recurrence see the same codes, with no maximum length.
 
+// `a = a + b` is deliberate: tch's `+=` is an in-place add, which would write into
+// tensors that autograd or a caller still holds.
+#![allow(clippy::assign_op_pattern)]
+
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
@@ -265,6 +269,39 @@ impl Transformer {
 
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// The FAVOR+ projections training uses between redraws, one per layer.
+    /// They belong to a resumable run's state: a resumed run must continue
+    /// with the projections the interrupted one had.
+    pub fn training_projections(&self) -> Vec<Tensor> {
+        self.train_features
+            .lock()
+            .expect("feature lock")
+            .iter()
+            .map(|f| f.proj.copy())
+            .collect()
+    }
+
+    /// Restores projections saved by [`Transformer::training_projections`].
+    pub fn set_training_projections(&self, projections: &[Tensor]) -> Result<()> {
+        let mut feats = self.train_features.lock().expect("feature lock");
+        anyhow::ensure!(
+            projections.len() == feats.len(),
+            "{} saved FAVOR+ projections for a model with {} layers",
+            projections.len(),
+            feats.len()
+        );
+        for (f, p) in feats.iter_mut().zip(projections) {
+            anyhow::ensure!(
+                p.size() == f.proj.size(),
+                "saved FAVOR+ projection of shape {:?}, the model's is {:?}",
+                p.size(),
+                f.proj.size()
+            );
+            f.proj = p.to_kind(f.proj.kind()).to_device(self.device);
+        }
+        Ok(())
     }
 
     /// Seed of the current frozen noise and features.

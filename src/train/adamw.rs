@@ -200,11 +200,13 @@ mod tests {
         let x = Tensor::from_slice(&[1.0f32, 2.0]).set_requires_grad(true);
         let mut vars = HashMap::new();
         vars.insert("w".to_string(), x.shallow_clone());
-        let mut a = AdamW::new(vars.clone(), 0.9, 0.99, 1e-8, 0.1);
+        let mut a = AdamW::new(vars, 0.9, 0.99, 1e-8, 0.1);
         a.zero_grad();
         x.square().sum(Kind::Float).backward();
         a.update(0.1);
         a.save(&dir.path().join("o.safetensors")).unwrap();
+        let mut vars = HashMap::new();
+        vars.insert("w".to_string(), x.shallow_clone());
         let mut b = AdamW::new(vars, 0.9, 0.99, 1e-8, 0.1);
         b.load(&dir.path().join("o.safetensors")).unwrap();
         assert_eq!(b.step, 1);

@@ -29,6 +29,8 @@ pub const CHECKPOINT_DIR: &str = "checkpoint";
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "state.json";
+/// FAVOR+ projections in use by training (between redraws).
+pub const FEATURES_FILE: &str = "train_features.safetensors";
 
 /// Progress that a resumed run needs besides weights and moments. The data
 /// order and every random draw are functions of (seed, step), so the step is
@@ -67,6 +69,7 @@ pub fn checkpoint_dir(run: &Path) -> Option<PathBuf> {
 pub fn save_checkpoint(
     run: &Path,
     vs: &VarStore,
+    model: &Transformer,
     opt: Option<&AdamW>,
     state: &TrainState,
 ) -> Result<()> {
@@ -79,6 +82,17 @@ pub fn save_checkpoint(
         .with_context(|| format!("cannot write {}", tmp.join(MODEL_FILE).display()))?;
     if let Some(opt) = opt {
         opt.save(&tmp.join(OPTIMIZER_FILE))?;
+    }
+    let projections: Vec<(String, tch::Tensor)> = model
+        .training_projections()
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (format!("layer{i}"), t))
+        .collect();
+    if !projections.is_empty() {
+        let path = tmp.join(FEATURES_FILE);
+        tch::Tensor::write_safetensors(&projections, &path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     write_json(&tmp.join(STATE_FILE), state)?;
     let dst = run.join(CHECKPOINT_DIR);
@@ -189,4 +203,19 @@ pub fn parse_device(s: Option<&str>) -> Result<Device> {
             None => bail!("--device {other}: expected cpu, cuda, cuda:N or auto"),
         },
     }
+}
+
+/// Restores the training projections saved with a checkpoint (if any).
+pub fn load_training_projections(dir: &Path, model: &Transformer) -> Result<()> {
+    let path = dir.join(FEATURES_FILE);
+    if !path.is_file() {
+        return Ok(());
+    }
+    let mut named = tch::Tensor::read_safetensors(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    named.sort_by_key(|(n, _)| n.trim_start_matches("layer").parse::<usize>().unwrap_or(0));
+    let tensors: Vec<tch::Tensor> = named.into_iter().map(|(_, t)| t).collect();
+    model
+        .set_training_projections(&tensors)
+        .with_context(|| format!("{}", path.display()))
 }

@@ -402,6 +402,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             vs.load(&weights)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", weights.display()))?;
             opt.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+            checkpoint::load_training_projections(&dir, &model)?;
             state = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
         }
         truncate_metrics(run, state.step)?;
@@ -458,7 +459,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         };
         let done = state.step >= last_step;
         interrupted = flag.load(Ordering::SeqCst);
-        if state.step % tc.val_every == 0 || done {
+        if state.step.is_multiple_of(tc.val_every) || done {
             let v = validation_loss(&model, &val_windows, tc.batch as usize, device);
             m.val_loss = Some(v);
             state.last_val_loss = Some(v);
@@ -470,8 +471,8 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         if m.val_loss.is_some() {
             plot_losses(run)?;
         }
-        if state.step % tc.checkpoint_every == 0 || done || interrupted {
-            checkpoint::save_checkpoint(run, &vs, Some(&opt), &state)?;
+        if state.step.is_multiple_of(tc.checkpoint_every) || done || interrupted {
+            checkpoint::save_checkpoint(run, &vs, &model, Some(&opt), &state)?;
         }
         pb.set_position(state.step);
         pb.set_message(format!(
@@ -487,7 +488,6 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         }
     }
     pb.finish_and_clear();
-    let _ = &mut model;
     let elapsed = started.elapsed().as_secs_f64();
     Ok(TrainSummary {
         steps_done: state.step,
