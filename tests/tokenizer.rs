@@ -459,3 +459,13 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn committed_vocabulary_is_the_default_one() {
+    let file = Vocab::load(std::path::Path::new("vocab/remi-default.json")).unwrap();
+    assert_eq!(
+        file.hash(),
+        vocab().hash(),
+        "run `cadenza vocab` to refresh vocab/remi-default.json"
+    );
+}

@@ -36,6 +36,9 @@ pub struct TrainArgs {
     /// cpu, cuda, cuda:N or auto.
     #[arg(long)]
     pub device: Option<String>,
+    /// CPU threads for libtorch (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Vocabulary JSON (default: the built-in REMI+ vocabulary).
     #[arg(long)]
     pub vocab: Option<PathBuf>,
@@ -96,6 +99,7 @@ pub fn train(a: TrainArgs) -> Result<i32> {
         vocab: a.vocab,
         resume: a.resume,
         stop_after: a.stop_after,
+        threads: a.threads,
         progress: true,
     };
     let s = train::train(&opts)?;

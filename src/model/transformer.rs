@@ -679,7 +679,10 @@ impl Transformer {
         let x = x.apply(&self.final_norm);
         let logits = match &self.head {
             Some(hd) => hd.forward(&x),
-            None => x.matmul(&self.embed.tr()),
+            // Tied head: the input embedding enters scaled by sqrt(d), so its row
+            // for the current token would give a logit of about sqrt(d) (16 for
+            // d=256) at initialization; rescaling by d^-1/2 starts near ln(V).
+            None => x.matmul(&self.embed.tr()) * (cfg.d_model as f64).powf(-0.5),
         };
         if let Some(st) = state {
             st.position = offset + l;

@@ -51,6 +51,8 @@ pub struct TrainOptions {
     pub resume: bool,
     /// Stop after this step even though `steps` is larger (tests and time-boxed runs).
     pub stop_after: Option<u64>,
+    /// libtorch CPU threads (overrides the config; may change on resume).
+    pub threads: Option<usize>,
     pub progress: bool,
 }
 
@@ -116,9 +118,16 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
         if let Some(s) = o.steps {
             c.train.steps = s;
         }
-        if o.preset.is_some() || o.seq_len.is_some() || o.batch.is_some() || o.config_file.is_some()
+        if o.preset.is_some()
+            || o.seq_len.is_some()
+            || o.batch.is_some()
+            || o.config_file.is_some()
+            || o.lr.is_some()
+            || o.positional.is_some()
         {
-            bail!("--resume continues the saved configuration; only --steps may change");
+            bail!(
+                "--resume continues the saved configuration; only --steps and --threads may change"
+            );
         }
         return Ok(c);
     }
@@ -371,6 +380,9 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     if !o.resume {
         checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
         vocab.save(&run.join(VOCAB_FILE))?;
+    }
+    if let Some(t) = o.threads {
+        cfg.train.threads = t;
     }
     let tc = cfg.train.clone();
     set_threads(tc.threads);
