@@ -230,3 +230,65 @@ pub fn render_cmd(a: RenderArgs) -> Result<i32> {
     }
     Ok(0)
 }
+
+#[derive(clap::Args, Debug)]
+pub struct StatsArgs {
+    /// Generated MIDI files or folders.
+    #[arg(required = true)]
+    pub generated: Vec<PathBuf>,
+    /// Real pieces: MIDI files or folders, or a dataset folder (its held-out
+    /// split, as training draws it with --seed and --val-fraction).
+    #[arg(long, required = true, num_args = 1..)]
+    pub real: Vec<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 0.05)]
+    pub val_fraction: f64,
+    /// At most this many real pieces.
+    #[arg(long, default_value_t = 500)]
+    pub max_real: usize,
+    /// Write the table here too.
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+}
+
+fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
+    let files = tokenizer::dataset::collect_midi_files(inputs)?;
+    let mut out = Vec::new();
+    for (p, _) in files {
+        match midi::read_file(&p) {
+            Ok((s, _)) => out.push(s),
+            Err(e) => eprintln!("skipped {e}"),
+        }
+    }
+    Ok(out)
+}
+
+pub fn stats(a: StatsArgs) -> Result<i32> {
+    use crate::sample::stats;
+    let generated = midi_scores(&a.generated)?;
+    let mut real = Vec::new();
+    for r in &a.real {
+        if r.join(tokenizer::dataset::MANIFEST_FILE).is_file() {
+            let ds = tokenizer::dataset::Dataset::open(r)?;
+            for p in crate::train::data::split(&ds, a.seed, a.val_fraction).val {
+                real.push(tokenizer::decode(&p.ids, &ds.vocab).0);
+            }
+        } else {
+            real.extend(midi_scores(std::slice::from_ref(r))?);
+        }
+    }
+    real.truncate(a.max_real);
+    if generated.is_empty() || real.is_empty() {
+        bail!("need at least one generated and one real piece");
+    }
+    let g: Vec<_> = generated.iter().map(stats::piece_stats).collect();
+    let r: Vec<_> = real.iter().map(stats::piece_stats).collect();
+    let table = stats::markdown(&stats::compare(&g, &r));
+    println!("{} generated pieces vs {} real pieces\n", g.len(), r.len());
+    print!("{table}");
+    if let Some(m) = &a.markdown {
+        crate::util::write_atomic(m, table.as_bytes())?;
+    }
+    Ok(0)
+}

@@ -43,6 +43,8 @@ pub enum Command {
     CompareEval(learn::CompareArgs),
     /// Continue a prompt (or start from nothing) with a trained model.
     Generate(generate::GenerateArgs),
+    /// Compare music statistics of generated pieces with real ones.
+    Stats(generate::StatsArgs),
     /// Render a MIDI file to WAV with a General MIDI SoundFont.
     Render(generate::RenderArgs),
 }
@@ -76,6 +78,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Eval(a) => learn::eval(a),
         Command::CompareEval(a) => learn::compare(a),
         Command::Generate(a) => generate::generate(a),
+        Command::Stats(a) => generate::stats(a),
         Command::Render(a) => generate::render_cmd(a),
     }
 }

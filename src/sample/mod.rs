@@ -3,6 +3,8 @@
 //! sums S, z per layer; frozen SPE noise and features), so a 16,384-token
 //! piece costs per token what a 16-token one does.
 
+pub mod stats;
+
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
