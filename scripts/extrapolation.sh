@@ -4,12 +4,12 @@
 # on windows of L tokens, then evaluated per position up to 4L on held-out
 # pieces at least 4L long. Writes docs/extrapolation.{json,png,md}.
 #   bash scripts/extrapolation.sh [CORPUS]
-# Knobs: L (256), STEPS (600), PRESET (small).
+# Knobs: L (256), STEPS (500), PRESET (small).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${1:-${CADENZA_CORPUS:-../shared/corpus}}
 L=${L:-256}
-steps=${STEPS:-600}
+steps=${STEPS:-500}
 preset=${PRESET:-small}
 bash scripts/setup.sh
 cargo build --release --quiet
@@ -28,7 +28,7 @@ for pe in spe-sine spe-conv ape; do
         --steps "$steps" --seq-len "$L" --batch 8 --seed 0
     fi
   fi
-  $bin eval --model "$run" --max-len $((4 * L)) --min-len $((4 * L)) --bin 64 \
+  $bin eval --model "$run" --max-len $((4 * L)) --min-len $((4 * L + 1)) --bin 64 \
     --json "docs/extrapolation-$pe.json" --png "runs/extrap-$pe.png"
 done
 $bin compare-eval docs/extrapolation-spe-sine.json docs/extrapolation-spe-conv.json \
