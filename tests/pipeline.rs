@@ -70,6 +70,8 @@ fn tiny_opts(run: &Path, data: &Path, steps: u64) -> TrainOptions {
         seq_len: Some(64),
         batch: Some(4),
         seed: Some(1),
+        // Tests run in parallel: one libtorch thread each avoids oversubscription.
+        threads: Some(1),
         ..Default::default()
     }
 }
@@ -228,6 +230,8 @@ fn sigkill_and_resume_reach_the_same_losses() {
             "2".into(),
             "--seed".into(),
             "9".into(),
+            "--threads".into(),
+            "1".into(),
         ]
     };
     let full = tmp.path().join("full");
@@ -255,7 +259,7 @@ fn sigkill_and_resume_reach_the_same_losses() {
     child.kill().unwrap(); // SIGKILL
     let _ = child.wait();
     let st = Command::new(bin())
-        .args(["train", "-o", &killed.display().to_string(), "--resume"])
+        .args(["train", "-o", &killed.display().to_string(), "--resume", "--threads", "1"])
         .output()
         .unwrap();
     assert!(
@@ -367,4 +371,82 @@ fn cli_reports_bad_inputs_clearly() {
     let (a, _) = midi::read_file(Path::new("midi_samples/oneills-air-3-4.mid")).unwrap();
     let (b, _) = midi::read_file(&mid).unwrap();
     assert_eq!(a.notes.len(), b.notes.len());
+}
+
+/// The model must be able to use its context at all: on pieces that repeat
+/// one random pitch, a tiny FAVOR+/SineSPE model learns to copy the pitch of
+/// an unseen piece from earlier in the sequence (an attention "phase change"
+/// that needs about a thousand steps; before it, every pitch is a guess).
+#[test]
+fn tiny_spe_model_learns_to_copy_a_pitch_from_context() {
+    use cadenza::tokenizer::TokenType;
+    let tmp = tempfile::tempdir().unwrap();
+    let mdir = tmp.path().join("midi");
+    std::fs::create_dir_all(&mdir).unwrap();
+    let piece = |pitch: u8, notes: u64| {
+        let mut s = midi::Score::new(480);
+        for i in 0..notes {
+            s.notes.push(midi::Note {
+                start: i * 480,
+                duration: 480,
+                pitch,
+                velocity: 80,
+                program: 0,
+                channel: 0,
+                is_drum: false,
+            });
+        }
+        s
+    };
+    for k in 0..200u64 {
+        let s = piece(40 + ((k * 37) % 48) as u8, 40);
+        midi::write_file(&s, &mdir.join(format!("p{k}.mid"))).unwrap();
+    }
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let files = dataset::collect_midi_files(&[mdir]).unwrap();
+    let results = dataset::tokenize_files(&files, &vocab, &|| {});
+    let data = tmp.path().join("data");
+    dataset::write_dataset(&data, &vocab, &files, results).unwrap();
+    let cfg = tmp.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[train]\ntranspose = 0\nval_every = 500\ncheckpoint_every = 1500\n",
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    train::train(&TrainOptions {
+        run_dir: run.clone(),
+        data: Some(data),
+        preset: Some("tiny".into()),
+        positional: Some("spe-sine".into()),
+        config_file: Some(cfg),
+        steps: Some(1500),
+        seq_len: Some(128),
+        batch: Some(8),
+        threads: Some(1),
+        ..Default::default()
+    })
+    .unwrap();
+    let m = checkpoint::load_model(&run, tch::Device::Cpu).unwrap();
+    let (body, _) = tokenizer::encode(&piece(61, 20), &vocab);
+    let mut ids = vec![tokenizer::BOS_ID as i64];
+    ids.extend(body.iter().map(|&t| t as i64));
+    let x = tch::Tensor::from_slice(&ids).view([1, -1]);
+    let p = m
+        .model
+        .forward_t(&x, 0, false)
+        .squeeze_dim(0)
+        .softmax(-1, tch::Kind::Float);
+    let pitches = vocab.range(TokenType::Pitch);
+    let probs: Vec<f64> = (0..ids.len() - 1)
+        .filter(|&i| pitches.contains(&(ids[i + 1] as u32)))
+        .map(|i| p.double_value(&[i as i64, ids[i + 1]]))
+        .collect();
+    // The first pitch is a guess (about 1/48); every later one is a copy.
+    assert!(probs[0] < 0.1, "{probs:?}");
+    let later = probs[4..].iter().sum::<f64>() / (probs.len() - 4) as f64;
+    assert!(
+        later > 0.3,
+        "copied pitch probability {later:.3}: {probs:?}"
+    );
 }
