@@ -259,7 +259,14 @@ fn sigkill_and_resume_reach_the_same_losses() {
     child.kill().unwrap(); // SIGKILL
     let _ = child.wait();
     let st = Command::new(bin())
-        .args(["train", "-o", &killed.display().to_string(), "--resume", "--threads", "1"])
+        .args([
+            "train",
+            "-o",
+            &killed.display().to_string(),
+            "--resume",
+            "--threads",
+            "1",
+        ])
         .output()
         .unwrap();
     assert!(
