@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${1:-${CADENZA_CORPUS:-../shared/corpus}}
 run=${2:-runs/small-sine}
-steps=${STEPS:-2400}
+steps=${STEPS:-3000}
 bash scripts/setup.sh
 cargo build --release --quiet
 bin=target/release/cadenza
