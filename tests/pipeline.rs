@@ -9,6 +9,14 @@ use cadenza::sample::{self, SampleConfig};
 use cadenza::tokenizer::{self, dataset, validate, Vocab};
 use cadenza::train::{self, checkpoint, TrainOptions};
 
+/// libtorch's random generator is global to the process: tests that train
+/// in this process take turns, or their random draws would interleave.
+static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn torch_rng() -> std::sync::MutexGuard<'static, ()> {
+    TORCH_RNG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_cadenza"))
 }
@@ -81,6 +89,7 @@ fn tiny_opts(run: &Path, data: &Path, steps: u64) -> TrainOptions {
 
 #[test]
 fn tiny_model_learns_resumes_exactly_and_generates() {
+    let _rng = torch_rng();
     let tmp = tempfile::tempdir().unwrap();
     let data = dataset_dir(tmp.path());
     let vocab = Vocab::new(Default::default()).unwrap();
@@ -390,6 +399,7 @@ fn cli_reports_bad_inputs_clearly() {
 /// that needs about a thousand steps; before it, every pitch is a guess).
 #[test]
 fn tiny_spe_model_learns_to_copy_a_pitch_from_context() {
+    let _rng = torch_rng();
     use cadenza::tokenizer::TokenType;
     let tmp = tempfile::tempdir().unwrap();
     let mdir = tmp.path().join("midi");
