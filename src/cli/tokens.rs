@@ -145,8 +145,7 @@ pub fn inspect(a: InspectArgs) -> Result<i32> {
         std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
     let smf = midly::Smf::parse(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: not a valid MIDI file: {e}", a.file.display()))?;
-    let (score, report) = midi::parse(&bytes)
-        .map_err(|e| anyhow::anyhow!("{}: not a valid MIDI file: {e}", a.file.display()))?;
+    let (score, report) = midi::parse_named(&bytes, &a.file)?;
     let (ids, q) = tokenizer::encode(&score, &vocab);
     println!("file:            {}", a.file.display());
     println!("format:          {:?}", smf.header.format);

@@ -4,6 +4,6 @@ mod read;
 mod score;
 mod write;
 
-pub use read::{parse, read_file, MidiError, ReadReport, SMPTE_TICKS_PER_QUARTER};
+pub use read::{parse, parse_named, read_file, MidiError, ReadReport, SMPTE_TICKS_PER_QUARTER};
 pub use score::{Note, Score, TempoChange, TimeSignature, DEFAULT_US_PER_QUARTER};
 pub use write::{to_bytes, write_file};

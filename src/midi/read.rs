@@ -69,7 +69,12 @@ pub fn read_file(path: &Path) -> Result<(Score, ReadReport), MidiError> {
         path: path.display().to_string(),
         source,
     })?;
-    parse(&bytes).map_err(|reason| MidiError::Parse {
+    parse_named(&bytes, path)
+}
+
+/// Parses bytes read from `path`; the error names the file.
+pub fn parse_named(bytes: &[u8], path: &Path) -> Result<(Score, ReadReport), MidiError> {
+    parse(bytes).map_err(|reason| MidiError::Parse {
         path: path.display().to_string(),
         reason,
     })

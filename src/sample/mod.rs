@@ -190,6 +190,16 @@ fn logits_rows(t: &Tensor) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The grammar state after `prompt`, or why the prompt is not a valid sequence.
+fn prompt_grammar<'v>(vocab: &'v Vocab, prompt: &[u32]) -> Result<Grammar<'v>> {
+    let mut g = Grammar::new(vocab);
+    for &t in prompt {
+        g.push(t)
+            .map_err(|e| anyhow::anyhow!("the prompt is not a valid token sequence: {e}"))?;
+    }
+    Ok(g)
+}
+
 /// Generates `n` continuations of `prompt` (which starts with BOS) as one
 /// batch. `on_token` is called after every step with the tokens generated so far.
 pub fn generate(
@@ -207,11 +217,7 @@ pub fn generate(
     if prompt.first() != Some(&BOS_ID) {
         bail!("a prompt must start with BOS");
     }
-    let mut base = Grammar::new(vocab);
-    for &t in prompt {
-        base.push(t)
-            .map_err(|e| anyhow::anyhow!("the prompt is not a valid token sequence: {e}"))?;
-    }
+    let base = prompt_grammar(vocab, prompt)?;
     let prompt_bars = prompt.iter().filter(|&&t| t == BAR_ID).count();
     let device = model.device();
     let mut grammars: Vec<Grammar> = vec![base; n];
@@ -313,12 +319,7 @@ pub fn generate_by_recompute(
     prompt: &[u32],
     cfg: &SampleConfig,
 ) -> Result<Sample> {
-    let mut grammar = Grammar::new(vocab);
-    for &t in prompt {
-        grammar
-            .push(t)
-            .map_err(|e| anyhow::anyhow!("the prompt is not a valid token sequence: {e}"))?;
-    }
+    let mut grammar = prompt_grammar(vocab, prompt)?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut tokens = prompt.to_vec();
     let mut corrections = 0;

@@ -115,8 +115,7 @@ pub struct Tokenized {
 /// Reads and tokenizes one file (no BOS/EOS).
 pub fn tokenize_file(path: &Path, vocab: &Vocab) -> Result<Tokenized> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (score, read_report) = crate::midi::parse(&bytes)
-        .map_err(|reason| anyhow::anyhow!("{}: not a valid MIDI file: {reason}", path.display()))?;
+    let (score, read_report) = crate::midi::parse_named(&bytes, path)?;
     let (tokens, q) = encode(&score, vocab);
     let mut warnings = read_report.warnings();
     warnings.extend(q.warnings());
@@ -212,10 +211,7 @@ pub fn write_dataset(
     crate::util::write_atomic(&dir.join(PIECES_FILE), &serde_json::to_vec(&pieces)?)?;
     vocab.save(&dir.join(VOCAB_FILE))?;
     // The manifest goes last: its presence means the dataset is complete.
-    crate::util::write_atomic(
-        &dir.join(MANIFEST_FILE),
-        &serde_json::to_vec_pretty(&manifest)?,
-    )?;
+    crate::util::write_json(&dir.join(MANIFEST_FILE), &manifest)?;
     Ok(manifest)
 }
 

@@ -336,9 +336,7 @@ impl Vocab {
             config: self.config.clone(),
             tokens: self.strings.clone(),
         };
-        let mut json = serde_json::to_vec_pretty(&file)?;
-        json.push(b'\n');
-        crate::util::write_atomic(path, &json)
+        crate::util::write_json(path, &file)
     }
 
     /// Loads a vocabulary file and checks that it is what its config builds.

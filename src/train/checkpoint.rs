@@ -44,17 +44,7 @@ pub struct TrainState {
     pub tokens_seen: u64,
 }
 
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let mut bytes = serde_json::to_vec_pretty(value)?;
-    bytes.push(b'\n');
-    crate::util::write_atomic(path, &bytes)
-}
-
-pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{}: unexpected content", path.display()))
-}
+pub use crate::util::{read_json, write_json};
 
 /// Where the newest complete checkpoint of a run is (or a model folder with
 /// `model.safetensors` directly in it, as shipped under `models/`).
