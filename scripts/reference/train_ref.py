@@ -288,6 +288,8 @@ def main():
     model = build_model(args.model, meta).to(device)
     params = sum(p.numel() for p in model.parameters())
     opt, decay_names = make_optimizer(model, tc)
+    # torch's CUDA wheel alone puts some hundreds of MB in RSS; report it so it can be subtracted.
+    rss_before_train_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(f"{args.model}: {params} parameters, {len(decay_names)} decayed tensors; "
           f"{S} steps x {B} x {L} tokens, threads {args.threads}", flush=True)
 
@@ -336,6 +338,7 @@ def main():
         "train_seconds": train_seconds,
         "tokens_per_s": tokens_per_s,
         "peak_rss_mb": peak_rss_mb,
+        "rss_before_train_mb": rss_before_train_mb,
         "loss": ev["loss"],
         "count": ev["count"],
         "by_type": ev["by_type"],
