@@ -3,9 +3,15 @@
 //!
 //! The pipeline, one module per stage:
 //! - [`midi`]: MIDI files to and from a plain [`midi::Score`];
-//! - [`tokenizer`]: REMI+ tokens, the vocabulary, the grammar, token datasets.
+//! - [`tokenizer`]: REMI+ tokens, the vocabulary, the grammar, token datasets;
+//! - [`model`]: the Performer with SPE, parallel and recurrent;
+//! - [`train`]: batches, the optimizer, checkpoints, runs;
+//! - [`eval`]: what a model learned, per token type and pitch context;
+//! - [`sample`]: generation and statistics of pieces;
+//! - [`render`]: WAV and pictures.
 
 pub mod cli;
+pub mod eval;
 pub mod midi;
 pub mod model;
 pub mod render;

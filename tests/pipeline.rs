@@ -77,9 +77,7 @@ fn tiny_opts(run: &Path, data: &Path, steps: u64) -> TrainOptions {
         steps: Some(steps),
         seq_len: Some(64),
         batch: Some(4),
-        // The tied head starts with small logits (scaled by d^-1/2); a high
-        // rate gets the tiny model well below a uniform guess in a few dozen steps.
-        lr: Some(1e-2),
+        // The preset's own learning rate: the tiny model must learn with it.
         seed: Some(1),
         // Tests run in parallel: one libtorch thread each avoids oversubscription.
         threads: Some(1),
@@ -137,7 +135,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     // Evaluation writes a per-position curve.
     let r = train::eval::evaluate(&train::eval::EvalOptions {
         model_dir: full.clone(),
-        data: Some(data.clone()),
+        data: vec![data.clone()],
         max_len: Some(128),
         bin: 32,
         min_len: 0,
@@ -148,6 +146,22 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     .unwrap();
     assert_eq!(r.bins.len(), 4);
     assert!(r.mean_within < uniform && r.mean_beyond.unwrap() < uniform);
+    // The per-type report covers every scored token, and its loss is the
+    // count-weighted mean of the per-type losses.
+    let all = &r.metrics.all;
+    let counted: u64 = all.by_type.values().map(|t| t.count).sum();
+    assert_eq!(counted, all.tokens);
+    let weighted: f64 = all
+        .by_type
+        .values()
+        .map(|t| t.nll * t.count as f64)
+        .sum::<f64>()
+        / counted as f64;
+    assert!((weighted - all.loss).abs() < 1e-9, "{weighted} vs {}", all.loss);
+    assert!(all.by_type.contains_key("Pitch") && all.by_type.contains_key("Bar"));
+    assert!(all.pitch_context.count > 0);
+    assert!((0.0..=1.0).contains(&all.pitch_context.model_mass));
+    assert!(!r.metrics.by_source.is_empty());
 
     // Generation: valid, prompt kept, deterministic, samples differ.
     let mut m = checkpoint::load_model(&full, tch::Device::Cpu).unwrap();

@@ -42,9 +42,16 @@ pub struct TrainArgs {
     /// Vocabulary JSON (default: the built-in REMI+ vocabulary).
     #[arg(long)]
     pub vocab: Option<PathBuf>,
-    /// Continue the run in the output folder from its last checkpoint.
+    /// Continue the run in the output folder from its last checkpoint, on the
+    /// schedule it started with (the same --steps; any other flag is refused).
     #[arg(long)]
     pub resume: bool,
+    /// With --resume: accept a different --steps. The cosine decay is then
+    /// stretched from the current step to the new end, so the learning rate
+    /// jumps up. To split one schedule over sessions instead, start with
+    /// --steps N --stop-after M and resume without --steps.
+    #[arg(long, requires = "resume")]
+    pub extend: bool,
     /// Stop after this step (the schedule still follows --steps).
     #[arg(long)]
     pub stop_after: Option<u64>,
@@ -55,9 +62,10 @@ pub struct EvalArgs {
     /// Run folder (or model folder) to evaluate.
     #[arg(long)]
     pub model: PathBuf,
-    /// Dataset (default: the run's own held-out pieces).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
+    /// A dataset, or MIDI files and folders (default: the run's own held-out
+    /// pieces). Pieces are grouped by their first folder in the report.
+    #[arg(long, num_args = 1..)]
+    pub data: Vec<PathBuf>,
     /// Positions to score (default: twice the training length).
     #[arg(long)]
     pub max_len: Option<usize>,
@@ -67,8 +75,8 @@ pub struct EvalArgs {
     /// Only pieces at least this many tokens long.
     #[arg(long, default_value_t = 0)]
     pub min_len: usize,
-    /// At most this many pieces.
-    #[arg(long, default_value_t = 200)]
+    /// At most this many pieces, spread evenly over the list (0 = all).
+    #[arg(long, default_value_t = 0)]
     pub max_pieces: usize,
     /// Write the report as JSON here.
     #[arg(long)]
@@ -83,8 +91,26 @@ pub struct EvalArgs {
     pub seed: u64,
 }
 
-pub fn train(a: TrainArgs) -> Result<i32> {
-    let opts = train::TrainOptions {
+#[derive(clap::Args, Debug)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub run: TrainArgs,
+    /// Folder to write the probe into (must not exist).
+    #[arg(long)]
+    pub probe: PathBuf,
+}
+
+/// Writes a run's training batches and validation windows for reference models.
+pub fn export(a: ExportArgs) -> Result<i32> {
+    let probe = a.probe.clone();
+    let opts = options(a.run);
+    train::export_probe(&opts, &probe)?;
+    println!("wrote {}", probe.display());
+    Ok(0)
+}
+
+fn options(a: TrainArgs) -> train::TrainOptions {
+    train::TrainOptions {
         run_dir: a.output.clone(),
         data: a.data,
         preset: a.preset,
@@ -98,10 +124,16 @@ pub fn train(a: TrainArgs) -> Result<i32> {
         device: a.device,
         vocab: a.vocab,
         resume: a.resume,
+        extend: a.extend,
         stop_after: a.stop_after,
         threads: a.threads,
         progress: true,
-    };
+    }
+}
+
+pub fn train(a: TrainArgs) -> Result<i32> {
+    let output = a.output.clone();
+    let opts = options(a);
     let s = train::train(&opts)?;
     println!(
         "step {}: train loss {:.4}, validation loss {}, {:.0} tokens/s{}",
@@ -113,7 +145,7 @@ pub fn train(a: TrainArgs) -> Result<i32> {
         s.tokens_per_s,
         if s.interrupted { " (interrupted)" } else { "" }
     );
-    println!("run folder: {}", a.output.display());
+    println!("run folder: {}", output.display());
     Ok(if s.interrupted { 130 } else { 0 })
 }
 
@@ -140,6 +172,15 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
         );
     }
     println!("mean NLL within the training length: {:.4}", r.mean_within);
+    println!(
+        "\nall pieces: loss {:.4} over {} tokens",
+        r.metrics.all.loss, r.metrics.all.tokens
+    );
+    print!("{}", crate::eval::type_table(&r.metrics.all));
+    for (group, m) in &r.metrics.by_source {
+        println!("\n{group}: loss {:.4} over {} tokens", m.loss, m.tokens);
+        print!("{}", crate::eval::type_table(m));
+    }
     if let Some(v) = r.mean_beyond {
         println!("mean NLL beyond it:                  {v:.4}");
     }

@@ -39,6 +39,9 @@ pub enum Command {
     Train(learn::TrainArgs),
     /// Per-position NLL of a trained model on held-out pieces.
     Eval(learn::EvalArgs),
+    /// Write the batches and validation windows of a run's options (for the
+    /// reference models of scripts/reference/).
+    ExportProbe(learn::ExportArgs),
     /// Plot and tabulate several `eval --json` reports together.
     CompareEval(learn::CompareArgs),
     /// Continue a prompt (or start from nothing) with a trained model.
@@ -76,6 +79,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Vocab(a) => tokens::vocab(a),
         Command::Train(a) => learn::train(a),
         Command::Eval(a) => learn::eval(a),
+        Command::ExportProbe(a) => learn::export(a),
         Command::CompareEval(a) => learn::compare(a),
         Command::Generate(a) => generate::generate(a),
         Command::Stats(a) => generate::stats(a),

@@ -13,6 +13,10 @@ pub enum PositionalEncoding {
         realizations: i64,
         gated: bool,
         shared: bool,
+        /// How the frequencies start (absent in configs written before it existed:
+        /// the SPE reference's initialization).
+        #[serde(default)]
+        freq_init: FreqInit,
     },
     /// Convolutional stochastic positional encoding (finite support kernel of length `kernel`).
     SpeConv {
@@ -54,6 +58,25 @@ impl PositionalEncoding {
     }
 }
 
+/// How SineSPE frequencies are initialized. A frequency is f = sigmoid(logit) / 2 cycles
+/// per token; its period is 1/f tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FreqInit {
+    /// The SPE reference code: logits ~ N(-4, 1), so 99% of the periods are longer than
+    /// 12 tokens (median 110): a model cannot tell the previous note from the one before.
+    #[default]
+    Reference,
+    /// Periods log-uniform between [`SPREAD_MIN_PERIOD`] and [`SPREAD_MAX_PERIOD`] tokens:
+    /// every scale from one token to a few bars is present from the first step.
+    Spread,
+}
+
+/// Shortest SineSPE period (tokens) of [`FreqInit::Spread`].
+pub const SPREAD_MIN_PERIOD: f64 = 2.2;
+/// Longest SineSPE period (tokens) of [`FreqInit::Spread`].
+pub const SPREAD_MAX_PERIOD: f64 = 2048.0;
+
 /// Attention mechanism.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -80,7 +103,19 @@ pub struct ModelConfig {
     pub attention: AttentionKind,
     /// Chunk length of the chunked causal linear attention (a pure speed/memory knob).
     pub chunk_size: i64,
+    /// One matrix for the input embedding and the output head (no bias); otherwise an untied
+    /// linear head with a bias.
     pub tie_embeddings: bool,
+    /// The scaling of the first models (configs that lack the field): embeddings start with
+    /// std d^-1/2, the input is multiplied by sqrt(d) and tied logits by d^-1/2, which caps
+    /// the reachable logits by the embedding norms and slowed learning badly
+    /// (docs/learning.md). `false`: GPT-2's convention, std 0.02 and no scaling at either end.
+    #[serde(default = "legacy_scaled_embeddings")]
+    pub scaled_embeddings: bool,
+}
+
+fn legacy_scaled_embeddings() -> bool {
+    true
 }
 
 /// Names accepted by [`ModelConfig::preset`].
@@ -101,7 +136,7 @@ impl ModelConfig {
     pub fn preset(name: &str, vocab_size: i64) -> Result<ModelConfig> {
         let (d_model, n_layers, n_heads, d_ff, features, dropout, chunk) = match name {
             "tiny" => (64, 2, 4, 128, 32, 0.0, 64),
-            "small" => (256, 4, 4, 1024, 64, 0.1, 128),
+            "small" => (256, 4, 4, 1024, 64, 0.0, 128),
             "base" => (512, 24, 8, 2048, 128, 0.1, 128),
             other => bail!(
                 "unknown model preset {other:?}; valid presets: {}",
@@ -121,6 +156,7 @@ impl ModelConfig {
                 realizations: d.realizations,
                 gated: true,
                 shared: true,
+                freq_init: FreqInit::Spread,
             },
             attention: AttentionKind::Favor {
                 features,
@@ -128,7 +164,8 @@ impl ModelConfig {
                 redraw_prob: 0.05,
             },
             chunk_size: chunk,
-            tie_embeddings: true,
+            tie_embeddings: false,
+            scaled_embeddings: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -176,13 +213,16 @@ impl ModelConfig {
         let d = Self::spe_defaults_for(self.d_model, self.n_layers);
         let (mut sines, mut realizations, mut kernel, mut gated, mut shared) =
             (d.sines, d.realizations, d.kernel, true, true);
+        let mut freq_init = FreqInit::Spread;
         match &self.positional {
             PositionalEncoding::SpeSine {
                 sines: k,
                 realizations: r,
                 gated: g,
                 shared: s,
+                freq_init: f,
             } => {
+                freq_init = *f;
                 sines = *k;
                 realizations = *r;
                 gated = *g;
@@ -207,6 +247,7 @@ impl ModelConfig {
                 realizations,
                 gated,
                 shared,
+                freq_init,
             },
             "spe-conv" => PositionalEncoding::SpeConv {
                 kernel,

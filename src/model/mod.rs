@@ -17,5 +17,5 @@ pub mod transformer;
 #[cfg(test)]
 mod tests;
 
-pub use config::{AttentionKind, ModelConfig, PositionalEncoding};
+pub use config::{AttentionKind, FreqInit, ModelConfig, PositionalEncoding};
 pub use transformer::{RecurrentState, Transformer};

@@ -8,6 +8,7 @@ use std::f64::consts::PI;
 
 use tch::{nn, Device, Kind, Tensor};
 
+use crate::model::config::{FreqInit, SPREAD_MAX_PERIOD, SPREAD_MIN_PERIOD};
 use crate::model::noise;
 
 /// Periodic SPE: learned sines per (head, feature).
@@ -26,7 +27,14 @@ pub struct SineSpe {
 }
 
 impl SineSpe {
-    pub fn new(p: &nn::Path, heads: i64, dim: i64, sines: i64, realizations: i64) -> SineSpe {
+    pub fn new(
+        p: &nn::Path,
+        heads: i64,
+        dim: i64,
+        sines: i64,
+        realizations: i64,
+        init: FreqInit,
+    ) -> SineSpe {
         let shape = [heads, dim, sines];
         let freqs = p.var(
             "freqs",
@@ -36,6 +44,12 @@ impl SineSpe {
                 stdev: 1.0,
             },
         );
+        if init == FreqInit::Spread {
+            tch::no_grad(|| {
+                let mut f = freqs.shallow_clone();
+                f.copy_(&spread_freq_logits(&shape, freqs.kind(), freqs.device()));
+            });
+        }
         let offsets = p.var(
             "offsets",
             &shape,
@@ -148,6 +162,15 @@ impl SineSpe {
         };
         (mk(oq), mk(ok))
     }
+}
+
+/// Frequency logits whose periods 1/f (f = sigmoid(logit) / 2) are log-uniform between
+/// [`SPREAD_MIN_PERIOD`] and [`SPREAD_MAX_PERIOD`] tokens, drawn from torch's RNG.
+pub fn spread_freq_logits(shape: &[i64], kind: Kind, device: Device) -> Tensor {
+    let (lo, hi) = (SPREAD_MIN_PERIOD.ln(), SPREAD_MAX_PERIOD.ln());
+    let period = (Tensor::rand(shape, (Kind::Double, device)) * (hi - lo) + lo).exp();
+    let two_f = period.reciprocal() * 2.0; // in (0, 1)
+    (&two_f / (-&two_f + 1.0)).log().to_kind(kind)
 }
 
 /// Finite-support SPE: two depthwise filters over the same white noise.
@@ -413,7 +436,7 @@ mod tests {
         tch::manual_seed(11);
         let mut vs = nn::VarStore::new(Device::Cpu);
         vs.set_kind(Kind::Double);
-        let spe = SineSpe::new(&vs.root(), H, D, 3, R);
+        let spe = SineSpe::new(&vs.root(), H, D, 3, R, FreqInit::Reference);
         // deterministic parameters (the global RNG is shared by parallel tests), with faster
         // frequencies than the init so the kernel varies over the test lags
         let mut rng = ChaCha8Rng::seed_from_u64(77);
@@ -511,7 +534,7 @@ mod tests {
         // f32 parameters at position ~1e7: the code equals an all-f64 evaluation of the doc's
         // formula with the same (f32) frequencies, i.e. no phase precision is lost.
         let vs = nn::VarStore::new(Device::Cpu);
-        let spe = SineSpe::new(&vs.root(), H, D, 3, R);
+        let spe = SineSpe::new(&vs.root(), H, D, 3, R, FreqInit::Reference);
         let z = randn64(&mut ChaCha8Rng::seed_from_u64(5), &[H, D, 6, R]);
         let pos = 10_000_003i64;
         let (q32, k32) = spe.codes(pos, 1, &z.to_kind(Kind::Float));

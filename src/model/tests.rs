@@ -27,6 +27,7 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
         realizations: 8,
         gated: false,
         shared: false,
+        freq_init: crate::model::config::FreqInit::Reference,
     };
     out.push(("spe-sine ungated per-layer", c));
     let mut c = with("spe-conv");

@@ -161,7 +161,11 @@ impl Transformer {
             &[cfg.vocab_size, d],
             nn::Init::Randn {
                 mean: 0.0,
-                stdev: (d as f64).powf(-0.5),
+                stdev: if cfg.scaled_embeddings {
+                    (d as f64).powf(-0.5)
+                } else {
+                    0.02
+                },
             },
         );
         let lin = |p: nn::Path, i: i64, o: i64, std: f64| {
@@ -192,8 +196,16 @@ impl Transformer {
                 PositionalEncoding::SpeSine {
                     sines,
                     realizations,
+                    freq_init,
                     ..
-                } => SpeCode::Sine(SineSpe::new(&p, h, hd, *sines, *realizations)),
+                } => SpeCode::Sine(SineSpe::new(
+                    &p,
+                    h,
+                    hd,
+                    *sines,
+                    *realizations,
+                    *freq_init,
+                )),
                 PositionalEncoding::SpeConv {
                     kernel,
                     realizations,
@@ -549,7 +561,10 @@ impl Transformer {
             -1,
             false,
             false,
-        ) * (d as f64).sqrt();
+        );
+        if cfg.scaled_embeddings {
+            x = x * (d as f64).sqrt();
+        }
         if cfg.positional == PositionalEncoding::Ape {
             x = x + sinusoidal_ape(offset, l, d, self.device).to_kind(kind);
         }
@@ -679,10 +694,14 @@ impl Transformer {
         let x = x.apply(&self.final_norm);
         let logits = match &self.head {
             Some(hd) => hd.forward(&x),
-            // Tied head: the input embedding enters scaled by sqrt(d), so its row
-            // for the current token would give a logit of about sqrt(d) (16 for
-            // d=256) at initialization; rescaling by d^-1/2 starts near ln(V).
-            None => x.matmul(&self.embed.tr()) * (cfg.d_model as f64).powf(-0.5),
+            // Legacy scaled tied head: the input embedding enters scaled by sqrt(d), so
+            // its row for the current token would give a logit of about sqrt(d) at
+            // initialization; rescaling by d^-1/2 starts near ln(V).
+            None if cfg.scaled_embeddings => {
+                x.matmul(&self.embed.tr()) * (cfg.d_model as f64).powf(-0.5)
+            }
+            // GPT-2: logits = x E^T with E of std 0.02.
+            None => x.matmul(&self.embed.tr()),
         };
         if let Some(st) = state {
             st.position = offset + l;

@@ -67,13 +67,22 @@ pub fn collect_midi_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> 
             let mut found = Vec::new();
             walk(input, &mut found)?;
             found.sort();
+            // Sources are named from the folder given, including its own name
+            // ("folk/essen/x.mid" for the input "corpus/folk"), so that reports
+            // can group pieces by collection.
+            let base = input.canonicalize().unwrap_or_else(|_| input.clone());
+            let top = base
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             for p in found {
-                let rel = p
-                    .strip_prefix(input)
-                    .unwrap_or(&p)
-                    .to_string_lossy()
-                    .into_owned();
-                out.push((p, rel));
+                let rel = p.strip_prefix(input).unwrap_or(&p).to_string_lossy();
+                let name = if top.is_empty() {
+                    rel.into_owned()
+                } else {
+                    format!("{top}/{rel}")
+                };
+                out.push((p, name));
             }
         }
     }

@@ -26,6 +26,8 @@ use crate::tokenizer::Vocab;
 pub const CONFIG_FILE: &str = "config.json";
 pub const VOCAB_FILE: &str = "vocab.json";
 pub const CHECKPOINT_DIR: &str = "checkpoint";
+/// The weights of the best validation loss (`--model RUN/best` uses them).
+pub const BEST_DIR: &str = "best";
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const STATE_FILE: &str = "state.json";
@@ -63,7 +65,26 @@ pub fn save_checkpoint(
     opt: Option<&AdamW>,
     state: &TrainState,
 ) -> Result<()> {
-    let tmp = run.join(format!(".checkpoint.tmp-{}", std::process::id()));
+    save_to(run, CHECKPOINT_DIR, vs, model, opt, state)
+}
+
+/// Writes the weights with the best validation loss so far to `run/best`
+/// (no optimizer state: it is for use, not for resuming).
+pub fn save_best(run: &Path, vs: &VarStore, model: &Transformer, state: &TrainState) -> Result<()> {
+    save_to(run, BEST_DIR, vs, model, None, state)
+}
+
+/// Writes a checkpoint into `run/name` atomically: a temporary folder, then
+/// renames, so a kill at any point leaves the previous one or the new one.
+fn save_to(
+    run: &Path,
+    name: &str,
+    vs: &VarStore,
+    model: &Transformer,
+    opt: Option<&AdamW>,
+    state: &TrainState,
+) -> Result<()> {
+    let tmp = run.join(format!(".{name}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).ok();
     }
@@ -85,8 +106,8 @@ pub fn save_checkpoint(
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     write_json(&tmp.join(STATE_FILE), state)?;
-    let dst = run.join(CHECKPOINT_DIR);
-    let old = run.join("checkpoint.old");
+    let dst = run.join(name);
+    let old = run.join(format!("{name}.old"));
     if dst.exists() {
         if old.exists() {
             std::fs::remove_dir_all(&old)
@@ -118,10 +139,22 @@ pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
     if !run.is_dir() {
         bail!("model folder {} does not exist", run.display());
     }
+    // A checkpoint folder inside a run (RUN/best, RUN/checkpoint): the run's
+    // config and vocabulary with these weights.
+    let (run, only) = match run.parent() {
+        Some(parent)
+            if !run.join(CONFIG_FILE).is_file()
+                && run.join(MODEL_FILE).is_file()
+                && parent.join(CONFIG_FILE).is_file() =>
+        {
+            (parent, Some(run.to_path_buf()))
+        }
+        _ => (run, None),
+    };
     let config: RunConfig = read_json(&run.join(CONFIG_FILE))?;
     let vocab = Vocab::load(&run.join(VOCAB_FILE))?;
     check_vocab(&config, &vocab, &run.join(VOCAB_FILE))?;
-    let ckpt = checkpoint_dir(run).with_context(|| {
+    let ckpt = only.or_else(|| checkpoint_dir(run)).with_context(|| {
         format!(
             "{}: no checkpoint ({}/{MODEL_FILE} missing)",
             run.display(),

@@ -164,12 +164,19 @@ impl<'a> Batcher<'a> {
     }
 }
 
-/// Fixed validation windows: each held-out piece cut from its start into
-/// windows of `len` tokens (the last one padded with PAD, which the loss
-/// ignores), at most `max` windows.
+/// Fixed validation windows, at most `max`: pieces spread evenly over the
+/// whole held-out list (not its first files, which are one collection), each
+/// cut from its start into windows of `len` tokens (the last one padded with
+/// PAD, which the loss ignores).
 pub fn validation_windows(pieces: &[PieceTokens], len: usize, max: usize) -> Vec<Vec<u32>> {
     let mut out = Vec::new();
-    'outer: for p in pieces {
+    let n = pieces.len();
+    let order: Vec<&PieceTokens> = if max > 0 && max < n {
+        (0..max).map(|i| &pieces[i * n / max]).collect()
+    } else {
+        pieces.iter().collect()
+    };
+    'outer: for p in order {
         let mut at = 0;
         while at + 1 < p.ids.len() {
             let end = (at + len).min(p.ids.len());

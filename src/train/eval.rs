@@ -5,22 +5,24 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use tch::{Kind, Tensor};
 
 use super::checkpoint::{self, LoadedModel};
+use crate::eval::GroupedMetrics;
 use super::data;
 use crate::tokenizer::dataset::Dataset;
 
 #[derive(Debug, Clone)]
 pub struct EvalOptions {
     pub model_dir: PathBuf,
-    /// Dataset to evaluate on (default: the run's own, held-out pieces).
-    pub data: Option<PathBuf>,
+    /// A dataset, or MIDI files and folders, to evaluate on (default: the
+    /// run's own held-out pieces).
+    pub data: Vec<PathBuf>,
     /// Positions to score (default: twice the training length).
     pub max_len: Option<usize>,
     pub bin: usize,
     /// Only pieces at least this long (default: none).
     pub min_len: usize,
+    /// At most this many pieces, spread evenly over the list (0 = all).
     pub max_pieces: usize,
     pub device: Option<String>,
     pub seed: u64,
@@ -49,25 +51,10 @@ pub struct EvalReport {
     /// Mean NLL over [train_len, 2 train_len) and [2 train_len, 4 train_len).
     pub mean_1x_2x: Option<f64>,
     pub mean_2x_4x: Option<f64>,
-}
-
-/// NLL of each next token of `ids` (length n-1), with the model's frozen noise.
-pub fn token_nll(m: &LoadedModel, ids: &[u32]) -> Vec<f64> {
-    tch::no_grad(|| {
-        let device = m.vs.device();
-        let x: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
-        let t = Tensor::from_slice(&x).view([1, -1]).to_device(device);
-        let n = x.len() as i64;
-        let logits = m.model.forward_t(&t.narrow(1, 0, n - 1), 0, false);
-        let logp = logits.to_kind(Kind::Float).log_softmax(-1, Kind::Float);
-        let target = t.narrow(1, 1, n - 1).unsqueeze(-1);
-        let nll = -logp
-            .gather(-1, &target, false)
-            .squeeze_dim(-1)
-            .squeeze_dim(0);
-        Vec::<f64>::try_from(nll.to_kind(Kind::Double).to_device(tch::Device::Cpu))
-            .unwrap_or_default()
-    })
+    /// Loss, per-type metrics and pitch context over every scored position,
+    /// and the same per source collection (`by_source`).
+    #[serde(flatten)]
+    pub metrics: GroupedMetrics,
 }
 
 fn mean_over(sums: &[f64], counts: &[u64], from: usize, to: usize) -> Option<f64> {
@@ -80,6 +67,75 @@ fn mean_over(sums: &[f64], counts: &[u64], from: usize, to: usize) -> Option<f64
     (c > 0).then(|| s / c as f64)
 }
 
+/// `n` items spread evenly over `items` (all of them when `n` is 0 or larger).
+pub fn spread<T>(items: Vec<T>, n: usize) -> Vec<T> {
+    let len = items.len();
+    if n == 0 || n >= len {
+        return items;
+    }
+    let keep: std::collections::HashSet<usize> = (0..n).map(|i| i * len / n).collect();
+    items
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, x)| keep.contains(&i).then_some(x))
+        .collect()
+}
+
+/// The pieces to evaluate: the run's held-out split of its own dataset, or
+/// every piece of another dataset, or MIDI files tokenized on the fly.
+pub fn eval_pieces(
+    data: &[PathBuf],
+    m: &LoadedModel,
+) -> Result<(String, Vec<data::PieceTokens>)> {
+    let own = PathBuf::from(&m.config.dataset);
+    let single = match data {
+        [] => Some(own.clone()),
+        [one] if one.join(crate::tokenizer::dataset::MANIFEST_FILE).is_file() => {
+            Some(one.clone())
+        }
+        _ => None,
+    };
+    if let Some(path) = single {
+        let ds = Dataset::open(&path)?;
+        checkpoint::check_vocab(&m.config, &ds.vocab, &path)?;
+        let same = path.canonicalize().ok() == own.canonicalize().ok();
+        let pieces = if same {
+            data::split(&ds, m.config.train.seed, m.config.train.val_fraction).val
+        } else {
+            (0..ds.pieces.len())
+                .map(|i| data::PieceTokens::new(ds.pieces[i].source.clone(), ds.piece_tokens(i)))
+                .collect()
+        };
+        return Ok((path.display().to_string(), pieces));
+    }
+    let files = crate::tokenizer::dataset::collect_midi_files(data)?;
+    if files.is_empty() {
+        bail!(
+            "{}: neither a dataset nor MIDI files",
+            data.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let results = crate::tokenizer::dataset::tokenize_files(&files, &m.vocab, &|| {});
+    let mut pieces = Vec::new();
+    for ((path, source), r) in files.iter().zip(results) {
+        match r {
+            Ok(t) if !t.tokens.is_empty() => {
+                let mut ids = Vec::with_capacity(t.tokens.len() + 2);
+                ids.push(crate::tokenizer::BOS_ID);
+                ids.extend(t.tokens);
+                ids.push(crate::tokenizer::EOS_ID);
+                pieces.push(data::PieceTokens::new(source.clone(), ids));
+            }
+            Ok(_) => eprintln!("skipped {}: no notes", path.display()),
+            Err(e) => eprintln!("skipped {}: {e:#}", path.display()),
+        }
+    }
+    Ok((format!("{} MIDI files", files.len()), pieces))
+}
+
 pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
     let device = checkpoint::parse_device(o.device.as_deref())?;
     super::set_threads(0);
@@ -90,39 +146,39 @@ pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
     if o.bin == 0 || max_len == 0 {
         bail!("--bin and --max-len must be positive");
     }
-    let own = PathBuf::from(&m.config.dataset);
-    let data_path = o.data.clone().unwrap_or(own.clone());
-    let ds = Dataset::open(&data_path)?;
-    checkpoint::check_vocab(&m.config, &ds.vocab, &data_path)?;
-    let same = data_path.canonicalize().ok() == own.canonicalize().ok();
-    let pieces: Vec<data::PieceTokens> = if same {
-        data::split(&ds, m.config.train.seed, m.config.train.val_fraction).val
-    } else {
-        (0..ds.pieces.len())
-            .map(|i| data::PieceTokens::new(ds.pieces[i].source.clone(), ds.piece_tokens(i)))
-            .collect()
-    };
+    let (what, pieces) = eval_pieces(&o.data, &m)?;
     let pieces: Vec<_> = pieces
         .into_iter()
         .filter(|p| p.ids.len() >= o.min_len.max(2))
-        .take(o.max_pieces)
         .collect();
+    let pieces = spread(pieces, o.max_pieces);
     if pieces.is_empty() {
-        bail!(
-            "{}: no held-out pieces of at least {} tokens",
-            data_path.display(),
-            o.min_len
-        );
+        bail!("{what}: no pieces of at least {} tokens", o.min_len.max(2));
     }
+    let windows: Vec<(String, Vec<u32>)> = pieces
+        .iter()
+        .map(|p| {
+            let n = p.ids.len().min(max_len + 1);
+            (p.source.clone(), p.ids[..n].to_vec())
+        })
+        .collect();
     let mut sums = vec![0.0; max_len];
     let mut counts = vec![0u64; max_len];
-    for p in &pieces {
-        let n = p.ids.len().min(max_len + 1);
-        for (i, v) in token_nll(&m, &p.ids[..n]).into_iter().enumerate() {
-            sums[i] += v;
+    let table = crate::eval::PitchTable::new(&m.vocab);
+    let mut groups: std::collections::BTreeMap<String, crate::eval::Accumulator> =
+        Default::default();
+    for (source, ids) in &windows {
+        let acc = groups.entry(crate::eval::source_group(source)).or_default();
+        for (i, s) in crate::eval::score_window(&m.model, &m.vocab, &table, ids)
+            .iter()
+            .enumerate()
+        {
+            sums[i] += s.nll;
             counts[i] += 1;
+            acc.add(s);
         }
     }
+    let metrics = GroupedMetrics::from_groups(&groups);
     let bins = (0..max_len)
         .step_by(o.bin)
         .filter_map(|start| {
@@ -147,6 +203,7 @@ pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
         mean_beyond: mean_over(&sums, &counts, train_len, max_len),
         mean_1x_2x: mean_over(&sums, &counts, train_len, 2 * train_len),
         mean_2x_4x: mean_over(&sums, &counts, 2 * train_len, 4 * train_len),
+        metrics,
     })
 }
 

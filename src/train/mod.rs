@@ -11,7 +11,7 @@ pub mod config;
 pub mod data;
 pub mod eval;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -49,6 +49,8 @@ pub struct TrainOptions {
     pub device: Option<String>,
     pub vocab: Option<PathBuf>,
     pub resume: bool,
+    /// With `resume`: accept a new `steps` (re-stretches the schedule).
+    pub extend: bool,
     /// Stop after this step even though `steps` is larger (tests and time-boxed runs).
     pub stop_after: Option<u64>,
     /// libtorch CPU threads (overrides the config; may change on resume).
@@ -115,7 +117,16 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
     if o.resume {
         let mut c: RunConfig = checkpoint::read_json(&saved)
             .with_context(|| format!("--resume: {} is not a run folder", o.run_dir.display()))?;
-        if let Some(s) = o.steps {
+        if let Some(s) = o.steps.filter(|&s| s != c.train.steps) {
+            if !o.extend {
+                bail!(
+                    "--resume continues the saved schedule of {} steps exactly; to change its \
+                     length pass --extend with --steps {s} (the cosine decay is then stretched \
+                     from the current step to the new end, so the learning rate jumps up), or \
+                     plan long runs with --steps N --stop-after M and resume them",
+                    c.train.steps
+                );
+            }
             c.train.steps = s;
         }
         if o.preset.is_some()
@@ -338,6 +349,117 @@ fn plot_losses(run: &Path) -> Result<()> {
     )
 }
 
+/// Writes the exact batches a run with these options would train on, and the
+/// validation windows `cadenza eval --max-len SEQ_LEN` scores (the first
+/// `seq_len + 1` tokens of every held-out piece), for outside reference
+/// models (`scripts/reference/`). Format: `scripts/reference/README.md`.
+pub fn export_probe(o: &TrainOptions, out: &Path) -> Result<()> {
+    use crate::tokenizer::TokenType;
+    let vocab = match &o.vocab {
+        Some(p) => Vocab::load(p)?,
+        None => Vocab::new(Default::default())?,
+    };
+    let cfg = resolve_config(o, &vocab)?;
+    let tc = &cfg.train;
+    let data = o.data.as_ref().context("--data is required")?;
+    if !data.join(dataset::MANIFEST_FILE).is_file() {
+        bail!("{}: export needs a dataset made by `cadenza tokenize`", data.display());
+    }
+    let ds = Dataset::open(data)?;
+    if ds.vocab.hash() != vocab.hash() {
+        bail!("dataset {} has another vocabulary than {}", data.display(), vocab.hash());
+    }
+    if out.exists() {
+        bail!("{} exists; choose a new folder", out.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let split = data::split(&ds, tc.seed, tc.val_fraction);
+    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose);
+    let window = tc.seq_len as usize + 1;
+    let steps = o.stop_after.unwrap_or(tc.steps).min(tc.steps);
+    let mut train = Vec::with_capacity(steps as usize * tc.batch as usize * window * 4);
+    for step in 0..steps {
+        for id in batcher.batch(step, tc.batch as usize, window) {
+            train.extend_from_slice(&(id as u32).to_le_bytes());
+        }
+    }
+    crate::util::write_atomic(&out.join("train.bin"), &train)?;
+    let (mut val, mut ctx, mut sources) = (Vec::new(), Vec::new(), Vec::new());
+    for p in &split.val {
+        let mut ids = p.ids[..p.ids.len().min(window)].to_vec();
+        let masks = crate::eval::context_masks(&ids, &vocab, crate::eval::CONTEXT_BARS);
+        ids.resize(window, PAD_ID);
+        for &id in &ids {
+            val.extend_from_slice(&id.to_le_bytes());
+        }
+        for t in 0..window - 1 {
+            ctx.extend_from_slice(&masks.get(t).copied().unwrap_or(0).to_le_bytes());
+        }
+        sources.push(crate::eval::source_group(&p.source));
+    }
+    crate::util::write_atomic(&out.join("val.bin"), &val)?;
+    crate::util::write_atomic(&out.join("val_ctx.bin"), &ctx)?;
+    let types = [
+        TokenType::Pad,
+        TokenType::Bos,
+        TokenType::Eos,
+        TokenType::Bar,
+        TokenType::TimeSig,
+        TokenType::Position,
+        TokenType::Tempo,
+        TokenType::Program,
+        TokenType::Pitch,
+        TokenType::PitchDrum,
+        TokenType::Velocity,
+        TokenType::Duration,
+    ];
+    let token_type: Vec<usize> = (0..vocab.len() as u32)
+        .map(|id| {
+            let k = vocab.kind(id).unwrap_or(TokenType::Pad);
+            types.iter().position(|&t| t == k).unwrap_or(0)
+        })
+        .collect();
+    let pitch_class: Vec<i32> = (0..vocab.len() as u32)
+        .map(|id| crate::eval::pitch_class(&vocab, id).map_or(-1, |c| c as i32))
+        .collect();
+    let features = match &cfg.model.attention {
+        crate::model::AttentionKind::Favor { features, .. } => *features,
+        crate::model::AttentionKind::Softmax => 0,
+    };
+    let meta = serde_json::json!({
+        "seq_len": tc.seq_len,
+        "batch": tc.batch,
+        "steps": steps,
+        "vocab_size": vocab.len(),
+        "pad_id": PAD_ID,
+        "types": types.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+        "token_type": token_type,
+        "pitch_class": pitch_class,
+        "val_windows": sources.len(),
+        "val_sources": sources,
+        "model": {
+            "d_model": cfg.model.d_model,
+            "n_layers": cfg.model.n_layers,
+            "n_heads": cfg.model.n_heads,
+            "d_ff": cfg.model.d_ff,
+            "favor_features": features,
+        },
+        "train": tc,
+        "vocab_hash": vocab.hash(),
+    });
+    checkpoint::write_json(&out.join("meta.json"), &meta)
+}
+
+/// "1h02m", "3m05s", "12s".
+fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, sec) => format!("{m}m{sec:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
+    }
+}
+
 /// Trains (or resumes) a run.
 pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     let run = &o.run_dir;
@@ -380,6 +502,9 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     if !o.resume {
         checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
         vocab.save(&run.join(VOCAB_FILE))?;
+    } else if o.extend {
+        // The new schedule length is part of the run from now on.
+        checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
     }
     if let Some(t) = o.threads {
         cfg.train.threads = t;
@@ -471,17 +596,35 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         };
         let done = state.step >= last_step;
         interrupted = flag.load(Ordering::SeqCst);
+        let mut improved = false;
         if state.step.is_multiple_of(tc.val_every) || done {
             let v = validation_loss(&model, &val_windows, tc.batch as usize, device);
             m.val_loss = Some(v);
             state.last_val_loss = Some(v);
             if state.best_val_loss.is_none_or(|b| v < b) {
                 state.best_val_loss = Some(v);
+                improved = true;
+            }
+            if !o.progress || !std::io::stderr().is_terminal() {
+                let spent = started.elapsed().as_secs_f64();
+                let left = (last_step - state.step) as f64 * spent
+                    / (state.step - start_step).max(1) as f64;
+                eprintln!(
+                    "step {}/{}: train {last_loss:.4} val {v:.4}{} lr {lr:.2e} {tps:.0} tok/s, {} elapsed, {} to go",
+                    state.step,
+                    tc.steps,
+                    if improved { " (best)" } else { "" },
+                    clock(spent),
+                    clock(left)
+                );
             }
         }
         append_metrics(run, &m)?;
         if m.val_loss.is_some() {
             plot_losses(run)?;
+        }
+        if improved {
+            checkpoint::save_best(run, &vs, &model, &state)?;
         }
         if state.step.is_multiple_of(tc.checkpoint_every) || done || interrupted {
             checkpoint::save_checkpoint(run, &vs, &model, Some(&opt), &state)?;

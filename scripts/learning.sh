@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The learning experiment of docs/learning.md: every variant of the model, and
+# two outside references, trained on the same batches of the shared corpus with
+# the same budget (scripts/learning/common.toml), then scored by the same
+# per-type metrics on every held-out piece. Runs one at a time: give it the
+# machine alone (about 40 minutes on 2 cores).
+#   bash scripts/learning.sh [VARIANT ...]     (default: all of them)
+# Results: runs/learning/<variant>/eval.json, the table in runs/learning/table.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+corpus=${CADENZA_CORPUS:-../shared/corpus}
+steps=${STEPS:-200}
+out=runs/learning
+bin=target/release/cadenza
+bash scripts/setup.sh
+cargo build --release --quiet
+mkdir -p "$out"
+data=runs/corpus-data
+[ -f $data/manifest.json ] || $bin tokenize "$corpus/classical" "$corpus/folk" -o $data
+compact=runs/corpus-data-compact
+if [ -f vocab/remi-compact.json ] && [ ! -f $compact/manifest.json ]; then
+  $bin tokenize "$corpus/classical" "$corpus/folk" --vocab vocab/remi-compact.json -o $compact
+fi
+variants=("$@")
+[ ${#variants[@]} -gt 0 ] || variants=(today head spread nodrop all tied conv16 softmax-ape compact gpt performer)
+for v in "${variants[@]}"; do
+  run=$out/$v
+  if [ -f $run/eval.json ]; then echo "== $v: done"; continue; fi
+  echo "== $v ($(date +%H:%M:%S))"
+  case $v in
+    gpt|performer)
+      probe=$out/probe
+      [ -f $probe/meta.json ] || $bin export-probe --data $data -o $out/probe-run --preset small \
+        --config scripts/learning/common.toml --steps "$steps" --probe $probe
+      bash scripts/reference/setup.sh
+      mkdir -p $run
+      runs/ref-venv/bin/python scripts/reference/train_ref.py --model $v --probe $probe \
+        --out $run/eval.json --threads 2 | tee $run/log.txt
+      continue ;;
+    compact) cfg=scripts/learning/common.toml; d=$compact; vocab=(--vocab vocab/remi-compact.json) ;;
+    all) cfg=scripts/learning/common.toml; d=$data; vocab=() ;;
+    *) cfg=$out/$v.toml; cat scripts/learning/common.toml scripts/learning/$v.toml > $cfg; d=$data; vocab=() ;;
+  esac
+  rm -rf $run
+  $bin train --data $d -o $run --preset small "${vocab[@]}" --config $cfg --steps "$steps" 2>&1 \
+    | grep -v '^\s*$' | tail -n 4
+  $bin eval --model $run --max-len 512 --bin 512 --json $run/eval.json > $run/eval.txt
+done
+python3 scripts/learning_table.py $out "${variants[@]}" | tee $out/table.md
