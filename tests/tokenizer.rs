@@ -14,6 +14,25 @@ fn vocab() -> Vocab {
     Vocab::new(RemiConfig::default()).unwrap()
 }
 
+/// The config with the two vocabulary options set.
+fn options_config(program_changes: bool, velocities: bool) -> RemiConfig {
+    RemiConfig {
+        program_changes,
+        velocities,
+        ..RemiConfig::default()
+    }
+}
+
+/// The vocabularies of the four option combinations, index
+/// `2 * program_changes + velocities`; index 1 is the default.
+fn option_vocabs() -> &'static [Vocab; 4] {
+    static V: std::sync::OnceLock<[Vocab; 4]> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        [(false, false), (false, true), (true, false), (true, true)]
+            .map(|(pc, vel)| Vocab::new(options_config(pc, vel)).unwrap())
+    })
+}
+
 fn ev(delta: u32, kind: TrackEventKind<'static>) -> TrackEvent<'static> {
     TrackEvent {
         delta: u28::new(delta),
@@ -370,9 +389,14 @@ fn arb_score() -> impl Strategy<Value = Score> {
 
 /// A random canonical sequence: sampled from the grammar's own mask.
 fn arb_tokens() -> impl Strategy<Value = Vec<u32>> {
-    prop::collection::vec(any::<u32>(), 1..300).prop_map(|choices| {
-        let v = vocab();
-        let mut g = Grammar::new(&v);
+    arb_tokens_for(1)
+}
+
+/// A random canonical sequence of the vocabulary `option_vocabs()[which]`.
+fn arb_tokens_for(which: usize) -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(any::<u32>(), 1..300).prop_map(move |choices| {
+        let v = &option_vocabs()[which];
+        let mut g = Grammar::new(v);
         let mut out = Vec::new();
         let mut mask = vec![false; v.len()];
         for c in choices {
@@ -468,4 +492,313 @@ fn committed_vocabulary_is_the_default_one() {
         vocab().hash(),
         "run `cadenza vocab` to refresh vocab/remi-default.json"
     );
+}
+
+// ---- Vocabulary options: program_changes and velocities ----
+
+/// The hash of the default vocabulary as committed before the options existed.
+const DEFAULT_VOCAB_HASH: &str = "496d5d98e09792881dba69ca61cbcd78";
+
+#[test]
+fn default_vocabulary_hash_and_ids_are_unchanged_by_the_options() {
+    let v = vocab();
+    assert_eq!(v.hash(), DEFAULT_VOCAB_HASH);
+    assert_eq!(v.len(), 877);
+    // The defaults of the new options are not written, so old files read the same.
+    let json = serde_json::to_string(v.config()).unwrap();
+    for key in ["program_changes", "velocities", "default_velocity"] {
+        assert!(!json.contains(key), "{json}");
+    }
+    for path in ["vocab/remi-default.json", "models/cadenza-small/vocab.json"] {
+        let file = Vocab::load(std::path::Path::new(path)).unwrap();
+        assert_eq!(file.hash(), DEFAULT_VOCAB_HASH, "{path}");
+        assert_eq!(file.config(), &RemiConfig::default(), "{path}");
+        for id in 0..v.len() as u32 {
+            assert_eq!(file.string(id), v.string(id));
+        }
+    }
+    // Setting an option to its default value changes nothing.
+    assert_eq!(option_vocabs()[1].hash(), DEFAULT_VOCAB_HASH);
+}
+
+#[test]
+fn option_vocabularies_differ_and_round_trip_through_their_files() {
+    let vs = option_vocabs();
+    let mut hashes: Vec<&str> = vs.iter().map(|v| v.hash()).collect();
+    hashes.sort();
+    hashes.dedup();
+    assert_eq!(hashes.len(), 4);
+    for (i, v) in vs.iter().enumerate() {
+        let velocities = i % 2 == 1;
+        let n_vel = v.range(TokenType::Velocity).len();
+        assert_eq!(n_vel, if velocities { 32 } else { 0 });
+        assert_eq!(v.len(), 877 - 32 + n_vel);
+        // Ids before the velocity block do not move.
+        for id in 0..v.range(TokenType::Velocity).start {
+            assert_eq!(v.string(id), vs[1].string(id));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.json");
+        v.save(&p).unwrap();
+        let w = Vocab::load(&p).unwrap();
+        assert_eq!((w.hash(), w.config()), (v.hash(), v.config()));
+    }
+    for (path, which) in [
+        ("vocab/remi-compact.json", 2),
+        ("vocab/remi-program-changes.json", 3),
+    ] {
+        let file = Vocab::load(std::path::Path::new(path)).unwrap();
+        assert_eq!(file.hash(), vs[which].hash(), "{path}: run `cadenza vocab`");
+    }
+}
+
+#[test]
+fn grammar_under_program_changes() {
+    for v in &option_vocabs()[2..] {
+        let id = |t: Token| v.id(t).unwrap();
+        let velocity: Vec<Token> = if v.config().velocities {
+            vec![Token::Velocity(20)]
+        } else {
+            vec![]
+        };
+        let note = |head: Vec<Token>| {
+            let mut n = head;
+            n.extend(velocity.iter().copied());
+            n.push(Token::Duration(11));
+            n
+        };
+        let mut g = Grammar::new(v);
+        for t in [Token::Bar, Token::Position(0)] {
+            g.push(id(t)).unwrap();
+        }
+        // No program yet: the first note needs its Program token.
+        assert!(!g.allows(id(Token::Pitch(60))));
+        assert!(g.allows(id(Token::Program(0))));
+        for t in note(vec![Token::Program(0), Token::Pitch(60)]) {
+            g.push(id(t)).unwrap();
+        }
+        // Same position, same program: no Program token, pitches in order.
+        assert!(g.allows(id(Token::Pitch(64))));
+        assert!(!g.allows(id(Token::Pitch(59))));
+        assert!(!g.allows(id(Token::PitchDrum(36))));
+        assert!(
+            !g.allows(id(Token::Program(0))),
+            "repeats the current program"
+        );
+        assert!(g.allows(id(Token::Program(24))));
+        assert!(g.allows(id(Token::Program(cadenza::tokenizer::DRUMS))));
+        for t in note(vec![
+            Token::Program(cadenza::tokenizer::DRUMS),
+            Token::PitchDrum(36),
+        ]) {
+            g.push(id(t)).unwrap();
+        }
+        assert!(!g.allows(id(Token::Program(24))), "drums come last");
+        // The program carries to the next bar: drums go on without a Program.
+        for t in [Token::Bar, Token::Position(3)] {
+            g.push(id(t)).unwrap();
+        }
+        assert!(g.allows(id(Token::PitchDrum(30))));
+        assert!(!g.allows(id(Token::Pitch(60))));
+        assert!(!g.allows(id(Token::Program(cadenza::tokenizer::DRUMS))));
+        assert!(g.allows(id(Token::Program(0))));
+        for t in note(vec![Token::PitchDrum(30)]) {
+            g.push(id(t)).unwrap();
+        }
+        // And the decoder plays each note with the right program.
+        let mut ids = vec![id(Token::Bar), id(Token::Position(0))];
+        ids.extend(
+            note(vec![Token::Program(0), Token::Pitch(60)])
+                .into_iter()
+                .map(id),
+        );
+        ids.extend(note(vec![Token::Pitch(64)]).into_iter().map(id));
+        ids.push(id(Token::Position(6)));
+        ids.extend(note(vec![Token::Pitch(62)]).into_iter().map(id));
+        ids.extend(
+            note(vec![Token::Program(33), Token::Pitch(40)])
+                .into_iter()
+                .map(id),
+        );
+        ids.push(id(Token::Bar));
+        ids.push(id(Token::Position(0)));
+        ids.extend(note(vec![Token::Pitch(41)]).into_iter().map(id));
+        validate(&ids, v).unwrap();
+        let (d, rep) = decode(&ids, v);
+        assert!(rep.is_clean(), "{rep:?}");
+        let got: Vec<_> = d
+            .notes
+            .iter()
+            .map(|n| (n.start, n.program, n.pitch))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 0, 60),
+                (0, 0, 64),
+                (6, 0, 62),
+                (6, 33, 40),
+                (48, 33, 41)
+            ]
+        );
+        assert_eq!(encode_quantized(&d, v), ids);
+        // A pitch before any program is skipped by the decoder.
+        let (d, rep) = decode(
+            &[id(Token::Bar), id(Token::Position(0)), id(Token::Pitch(60))],
+            v,
+        );
+        assert_eq!((d.notes.len(), rep.skipped), (0, 1));
+    }
+}
+
+#[test]
+fn grammar_without_velocities() {
+    for (i, v) in option_vocabs()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 0)
+    {
+        let id = |t: Token| v.id(t).unwrap();
+        assert_eq!(v.id(Token::Velocity(0)), None);
+        let prefix = [
+            id(Token::Bar),
+            id(Token::Position(0)),
+            id(Token::Program(0)),
+            id(Token::Pitch(60)),
+        ];
+        assert_eq!(
+            cadenza::tokenizer::next_types(&prefix, v).unwrap(),
+            vec![TokenType::Duration]
+        );
+        let mut ids = prefix.to_vec();
+        ids.push(id(Token::Duration(11)));
+        let (d, rep) = decode(&ids, v);
+        assert!(rep.is_clean());
+        assert_eq!(d.notes[0].velocity, v.config().default_velocity);
+        assert_eq!(encode_quantized(&d, v), ids, "options {i}");
+    }
+}
+
+#[test]
+fn samples_are_faithful_under_every_option() {
+    for f in [
+        "oneills-jig-6-8.mid",
+        "oneills-reel-4-4.mid",
+        "oneills-air-3-4.mid",
+    ] {
+        let (score, _) = midi::read_file(&std::path::Path::new("midi_samples").join(f)).unwrap();
+        for v in option_vocabs() {
+            let fid = fidelity::measure(&score, v);
+            assert!(fid.is_perfect(), "{f} {:?}: {fid:?}", v.config());
+            let (ids, _) = encode(&score, v);
+            validate(&ids, v).unwrap();
+        }
+    }
+}
+
+/// Several instruments and drums, many notes at the same positions.
+fn arb_multi_program_score() -> impl Strategy<Value = Score> {
+    let note = (
+        0u64..16,
+        1u64..4,
+        40u8..80,
+        1u8..128,
+        prop::sample::select(vec![0u8, 0, 24, 33, 40, 73, 128]),
+    )
+        .prop_map(|(slot, len, pitch, velocity, program)| {
+            let is_drum = program == 128;
+            Note {
+                start: slot * 120,
+                duration: len * 120,
+                pitch,
+                velocity,
+                program: if is_drum { 0 } else { program },
+                channel: if is_drum { 9 } else { 0 },
+                is_drum,
+            }
+        });
+    prop::collection::vec(note, 1..50).prop_map(|notes| {
+        let mut s = Score::new(480);
+        s.notes = notes;
+        s.sort();
+        s
+    })
+}
+
+/// `quantize` under `cfg` is `quantize` under the defaults with velocities
+/// replaced by `default_velocity` when velocities are off.
+fn expected_quantized(score: &Score, cfg: &RemiConfig) -> Score {
+    let (mut q, _) = quantize(score, &RemiConfig::default());
+    if !cfg.velocities {
+        for n in &mut q.notes {
+            n.velocity = cfg.default_velocity;
+        }
+        q.sort();
+    }
+    q
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+    #[test]
+    fn options_decode_of_encode_is_the_quantized_score(
+        score in arb_score(),
+        which in 0usize..4,
+    ) {
+        let v = &option_vocabs()[which];
+        let (q, _) = quantize(&score, v.config());
+        prop_assert_eq!(&q, &expected_quantized(&score, v.config()));
+        let ids = encode_quantized(&q, v);
+        prop_assert!(validate(&ids, v).is_ok());
+        let (d, rep) = decode(&ids, v);
+        prop_assert!(rep.is_clean());
+        prop_assert_eq!(&d, &q);
+        prop_assert_eq!(encode_quantized(&d, v), ids);
+    }
+
+    #[test]
+    fn options_encode_of_decode_is_the_tokens(
+        (which, ids) in (0usize..4).prop_flat_map(|w| (Just(w), arb_tokens_for(w))),
+    ) {
+        let v = &option_vocabs()[which];
+        prop_assume!(!ids.is_empty());
+        let (d, rep) = decode(&ids, v);
+        prop_assert!(rep.is_clean(), "{:?}", rep);
+        prop_assume!(!d.notes.is_empty());
+        prop_assert_eq!(encode_quantized(&d, v), ids);
+    }
+
+    #[test]
+    fn options_keep_every_notes_program(score in arb_multi_program_score(), which in 0usize..4) {
+        let v = &option_vocabs()[which];
+        let cfg = v.config();
+        let q = expected_quantized(&score, cfg);
+        let ids = encode_quantized(&q, v);
+        prop_assert!(validate(&ids, v).is_ok());
+        let (d, rep) = decode(&ids, v);
+        prop_assert!(rep.is_clean());
+        let key = |s: &Score| -> Vec<(u64, bool, u8, u8)> {
+            s.notes.iter().map(|n| (n.start, n.is_drum, n.program, n.pitch)).collect()
+        };
+        prop_assert_eq!(key(&d), key(&q));
+        prop_assert_eq!(&d, &q);
+        // One Program token per note, or per change of program.
+        let programs: Vec<(bool, u8)> = q.notes.iter().map(|n| (n.is_drum, n.program)).collect();
+        let changes = 1 + programs.windows(2).filter(|w| w[0] != w[1]).count();
+        let n_program = ids.iter().filter(|&&i| v.kind(i) == Some(TokenType::Program)).count();
+        prop_assert_eq!(n_program, if cfg.program_changes { changes } else { q.notes.len() });
+        let n_velocity = ids.iter().filter(|&&i| v.kind(i) == Some(TokenType::Velocity)).count();
+        prop_assert_eq!(n_velocity, if cfg.velocities { q.notes.len() } else { 0 });
+    }
+
+    #[test]
+    fn options_decode_never_panics_on_random_ids(
+        ids in prop::collection::vec(0u32..1000, 0..400),
+        which in 0usize..4,
+    ) {
+        let v = &option_vocabs()[which];
+        let (_, rep) = decode(&ids, v);
+        prop_assert!(rep.skipped + rep.unknown + rep.after_eos <= ids.len());
+    }
 }

@@ -30,6 +30,33 @@ pub struct RemiConfig {
     pub max_numerator: u8,
     /// Denominators with their own tokens.
     pub denominators: Vec<u8>,
+    /// Write a `Program` token only when a note's program differs from the
+    /// previous note's (MidiTok's `program_changes`); the program carries
+    /// across positions and bars. Off: every note has its `Program` token.
+    #[serde(skip_serializing_if = "is_false")]
+    pub program_changes: bool,
+    /// Write a `Velocity` token after each pitch. Off: the vocabulary has no
+    /// velocity tokens and every note decodes at `default_velocity`.
+    #[serde(skip_serializing_if = "is_true")]
+    pub velocities: bool,
+    /// The velocity of every note when `velocities` is off (1..=127).
+    #[serde(skip_serializing_if = "is_default_velocity")]
+    pub default_velocity: u8,
+}
+
+/// `default_velocity` when none is given.
+pub const DEFAULT_VELOCITY: u8 = 90;
+
+// The new options are left out of the JSON at their defaults, so that a
+// config that does not use them serializes (and hashes) as before they existed.
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+fn is_true(b: &bool) -> bool {
+    *b
+}
+fn is_default_velocity(v: &u8) -> bool {
+    *v == DEFAULT_VELOCITY
 }
 
 impl Default for RemiConfig {
@@ -49,6 +76,9 @@ impl Default for RemiConfig {
             tempo_ratio: 1.035,
             max_numerator: 12,
             denominators: vec![2, 4, 8],
+            program_changes: false,
+            velocities: true,
+            default_velocity: DEFAULT_VELOCITY,
         }
     }
 }
@@ -97,6 +127,10 @@ impl RemiConfig {
                     .all(|d| d.is_power_of_two() && *d <= 64),
             "denominators must be powers of two <= 64"
         );
+        ensure!(
+            (1..=127).contains(&self.default_velocity),
+            "default_velocity must be in 1..=127"
+        );
         let positions = self.max_bar_steps();
         ensure!(positions <= 4096, "bars too long: {positions} positions");
         Ok(())
@@ -128,6 +162,16 @@ impl RemiConfig {
 
     pub fn velocity_bin(&self, velocity: u8) -> u8 {
         ((velocity as u32 / self.velocity_width()).min(self.velocity_bins - 1)) as u8
+    }
+
+    /// The velocity a note keeps after quantization: its bin's value, or
+    /// `default_velocity` when velocities are not tokens.
+    pub fn quantized_velocity(&self, velocity: u8) -> u8 {
+        if self.velocities {
+            self.velocity_value(self.velocity_bin(velocity))
+        } else {
+            self.default_velocity
+        }
     }
 
     /// The velocity a bin decodes to: the middle of the bin, at least 1.

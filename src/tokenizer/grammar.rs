@@ -8,6 +8,13 @@
 //! `PitchDrum` after the drum program and `Pitch` after any other; EOS never
 //! right after a bare Bar. These are exactly the sequences `encode` writes, so
 //! for them `encode(decode(x)) == x`.
+//!
+//! The config's options change a note's tokens: with `program_changes` a
+//! note is `Program? Pitch ...`, where the `Program` is there exactly when it
+//! differs from the previous note's program (across positions and bars), so
+//! it is required for the first note of a piece and forbidden when it repeats
+//! the current one; without `velocities` there is no `Velocity` and `Pitch`
+//! is followed by `Duration`.
 
 use std::fmt;
 
@@ -38,6 +45,8 @@ pub struct Grammar<'v> {
     sig: (u8, u8),
     position: Option<u16>,
     tempo: Option<u16>,
+    /// The program of the last note (or of a `Program` just read).
+    program: Option<u8>,
     last_key: Option<NoteKey>,
     key: NoteKey,
     seen_bos: bool,
@@ -79,6 +88,7 @@ impl<'v> Grammar<'v> {
             sig: (4, 4),
             position: None,
             tempo: None,
+            program: None,
             last_key: None,
             key: [0; 4],
             seen_bos: false,
@@ -124,8 +134,39 @@ impl<'v> Grammar<'v> {
         }
     }
 
+    /// Whether a note may start with `Program(p)` here.
+    fn program_allowed(&self, p: u8) -> bool {
+        let changes_only = self.vocab.config().program_changes;
+        self.key_allows(0, program_order(p)) && !(changes_only && self.program == Some(p))
+    }
+
+    /// Whether a note may start with its pitch, playing the current program
+    /// (only under `program_changes`).
+    fn pitch_allowed(&self, t: Token) -> bool {
+        if !self.vocab.config().program_changes {
+            return false;
+        }
+        let Some(prog) = self.program else {
+            return false;
+        };
+        match t {
+            Token::Pitch(p) => prog != DRUMS && self.key_allows_with(program_order(prog), p),
+            Token::PitchDrum(p) => prog == DRUMS && self.key_allows_with(program_order(prog), p),
+            _ => false,
+        }
+    }
+
+    /// `key_allows(1, pitch)` for a note of program order `prog`.
+    fn key_allows_with(&self, prog: u16, pitch: u8) -> bool {
+        match self.last_key {
+            None => true,
+            Some(last) => prog > last[0] || (prog == last[0] && pitch as u16 >= last[1]),
+        }
+    }
+
     fn allows_token(&self, t: Token) -> bool {
         use Expect::*;
+        let velocities = self.vocab.config().velocities;
         let bar_steps = self.vocab.config().bar_steps(self.sig.0, self.sig.1);
         let position_ok = |p: u16| (p as u32) < bar_steps && self.position.is_none_or(|c| p > c);
         let next_of_bar = |t: Token| match t {
@@ -150,9 +191,13 @@ impl<'v> Grammar<'v> {
             (AfterTimeSig, Token::Eos) => true,
             (AfterTimeSig, t) => next_of_bar(t),
             (AfterPosition, Token::Tempo(b)) => self.tempo != Some(b),
-            (AfterPosition, Token::Program(p)) => self.key_allows(0, program_order(p)),
+            (AfterPosition | AfterTempo | AfterDuration, Token::Program(p)) => {
+                self.program_allowed(p)
+            }
+            (AfterPosition | AfterTempo | AfterDuration, Token::Pitch(_) | Token::PitchDrum(_)) => {
+                self.pitch_allowed(t)
+            }
             (AfterTempo | AfterDuration, Token::Eos) => true,
-            (AfterTempo | AfterDuration, Token::Program(p)) => self.key_allows(0, program_order(p)),
             (AfterTempo | AfterDuration, t) => next_of_bar(t),
             (AfterProgram, Token::Pitch(p)) => {
                 self.key[0] != DRUMS as u16 && self.key_allows(1, p as u16)
@@ -160,7 +205,8 @@ impl<'v> Grammar<'v> {
             (AfterProgram, Token::PitchDrum(p)) => {
                 self.key[0] == DRUMS as u16 && self.key_allows(1, p as u16)
             }
-            (AfterPitch, Token::Velocity(b)) => self.key_allows(2, b as u16),
+            (AfterPitch, Token::Velocity(b)) => velocities && self.key_allows(2, b as u16),
+            (AfterPitch, Token::Duration(d)) => !velocities && self.key_allows(3, d),
             (AfterVelocity, Token::Duration(d)) => self.key_allows(3, d),
             _ => false,
         }
@@ -211,9 +257,15 @@ impl<'v> Grammar<'v> {
             }
             Token::Program(p) => {
                 self.key = [program_order(p), 0, 0, 0];
+                self.program = Some(p);
                 AfterProgram
             }
             Token::Pitch(p) | Token::PitchDrum(p) => {
+                if self.expect != AfterProgram {
+                    // A note of the current program, without a Program token.
+                    let prog = self.program.expect("allowed only with a current program");
+                    self.key = [program_order(prog), 0, 0, 0];
+                }
                 self.key[1] = p as u16;
                 AfterPitch
             }

@@ -7,6 +7,13 @@
 //! that quantized score. The [`Grammar`] says which tokens may follow a prefix
 //! (used to constrain sampling), and the [`Vocab`] file under `vocab/` fixes the
 //! ids that a model was trained with.
+//!
+//! Two [`RemiConfig`] options make notes shorter: `program_changes` writes a
+//! note's `Program` only when it differs from the previous note's program
+//! (the decoder remembers the current one), and `velocities = false` leaves
+//! out `Velocity` (notes decode at `default_velocity`). At their defaults
+//! (off, on) they are not written to the vocabulary file, so existing
+//! vocabularies keep their hash and ids.
 
 mod config;
 pub mod dataset;

@@ -214,7 +214,7 @@ pub fn quantize(score: &Score, cfg: &RemiConfig) -> (Score, QuantizeReport) {
             start: step(n.start),
             duration: durations[di] as u64,
             pitch: n.pitch,
-            velocity: cfg.velocity_value(cfg.velocity_bin(n.velocity)),
+            velocity: cfg.quantized_velocity(n.velocity),
             program: if n.is_drum { 0 } else { n.program },
             channel: if n.is_drum { 9 } else { 0 },
             is_drum: n.is_drum,

@@ -31,6 +31,8 @@ pub fn encode_quantized(q: &Score, vocab: &Vocab) -> Vec<u32> {
     let (mut ni, mut ti, mut si) = (0usize, 0usize, 0usize);
     let mut sig = (4u8, 4u8);
     let mut bar_start = 0u64;
+    // The program of the previous note (for `program_changes`).
+    let mut program: Option<u8> = None;
     while bar_start <= last_event {
         out.push(id(Token::Bar));
         if let Some(ts) = q.time_signatures.get(si) {
@@ -59,17 +61,19 @@ pub fn encode_quantized(q: &Score, vocab: &Vocab) -> Vec<u32> {
                 ti += 1;
             }
             while let Some(n) = q.notes.get(ni).filter(|n| n.start == pos) {
-                out.push(id(Token::Program(if n.is_drum {
-                    DRUMS
-                } else {
-                    n.program
-                })));
+                let prog = if n.is_drum { DRUMS } else { n.program };
+                if !cfg.program_changes || program != Some(prog) {
+                    out.push(id(Token::Program(prog)));
+                    program = Some(prog);
+                }
                 out.push(id(if n.is_drum {
                     Token::PitchDrum(n.pitch)
                 } else {
                     Token::Pitch(n.pitch)
                 }));
-                out.push(id(Token::Velocity(cfg.velocity_bin(n.velocity))));
+                if cfg.velocities {
+                    out.push(id(Token::Velocity(cfg.velocity_bin(n.velocity))));
+                }
                 let (di, _) = nearest_duration(durations, n.duration.min(u32::MAX as u64) as u32);
                 out.push(id(Token::Duration(di as u16)));
                 ni += 1;
@@ -110,7 +114,15 @@ pub fn decode(ids: &[u32], vocab: &Vocab) -> (Score, DecodeReport) {
     let mut bar_has_content = false;
     let mut pos: Option<u64> = None; // absolute step of the current position
     let mut pos_has_notes = false;
+    // Without velocity tokens a note is complete after its pitch.
+    let velocity_of = |n: &PartialNote| match n.pitch {
+        Some(_) if !cfg.velocities => Some(cfg.default_velocity),
+        _ => n.velocity,
+    };
     let mut note = PartialNote::default();
+    // The program of the last finished note: a Pitch without its own Program
+    // token plays it (only under `program_changes`).
+    let mut program: Option<u8> = None;
     for (i, &raw) in ids.iter().enumerate() {
         let Some(tok) = vocab.token(raw) else {
             rep.unknown += 1;
@@ -189,8 +201,14 @@ pub fn decode(ids: &[u32], vocab: &Vocab) -> (Score, DecodeReport) {
             }
             Token::Pitch(p) | Token::PitchDrum(p) => {
                 let drum_token = matches!(tok, Token::PitchDrum(_));
-                match note.program {
+                let carried = if cfg.program_changes && pos.is_some() && note.program.is_none() {
+                    program
+                } else {
+                    None
+                };
+                match note.program.or(carried) {
                     Some(prog) if note.pitch.is_none() && (prog == DRUMS) == drum_token => {
+                        note.program = Some(prog);
                         note.pitch = Some(p);
                         note.tokens += 1;
                     }
@@ -205,7 +223,7 @@ pub fn decode(ids: &[u32], vocab: &Vocab) -> (Score, DecodeReport) {
                     rep.skipped += 1;
                 }
             }
-            Token::Duration(d) => match (note.program, note.pitch, note.velocity, pos) {
+            Token::Duration(d) => match (note.program, note.pitch, velocity_of(&note), pos) {
                 (Some(prog), Some(pitch), Some(velocity), Some(start)) => {
                     let is_drum = prog == DRUMS;
                     score.notes.push(Note {
@@ -218,6 +236,7 @@ pub fn decode(ids: &[u32], vocab: &Vocab) -> (Score, DecodeReport) {
                         is_drum,
                     });
                     note = PartialNote::default();
+                    program = Some(prog);
                     pos_has_notes = true;
                 }
                 _ => rep.skipped += 1,

@@ -144,7 +144,12 @@ impl Vocab {
         let pitch = program + 129;
         let pitch_drum = pitch + (config.pitch_max - config.pitch_min) as u32 + 1;
         let velocity = pitch_drum + (config.drum_pitch_max - config.drum_pitch_min) as u32 + 1;
-        let duration = velocity + config.velocity_bins;
+        let velocity_tokens = if config.velocities {
+            config.velocity_bins
+        } else {
+            0
+        };
+        let duration = velocity + velocity_tokens;
         let end = duration + durations.len() as u32;
         if end > u16::MAX as u32 {
             bail!("vocabulary of {end} tokens does not fit u16 ids");
@@ -370,16 +375,24 @@ mod tests {
 
     #[test]
     fn ids_and_tokens_are_inverse() {
-        let v = Vocab::new(RemiConfig::default()).unwrap();
-        for id in 0..v.len() as u32 {
-            let t = v.token(id).unwrap();
-            assert_eq!(v.id(t), Some(id), "{t:?}");
-            assert_eq!(v.parse_token(v.string(id).unwrap()), Some(id));
-            assert!(v.range(t.kind()).contains(&id));
+        for (program_changes, velocities) in [(false, true), (true, true), (false, false)] {
+            let v = Vocab::new(RemiConfig {
+                program_changes,
+                velocities,
+                ..RemiConfig::default()
+            })
+            .unwrap();
+            for id in 0..v.len() as u32 {
+                let t = v.token(id).unwrap();
+                assert_eq!(v.id(t), Some(id), "{t:?}");
+                assert_eq!(v.parse_token(v.string(id).unwrap()), Some(id));
+                assert!(v.range(t.kind()).contains(&id));
+            }
+            assert_eq!(v.token(v.len() as u32), None);
+            assert_eq!(v.id(Token::Pitch(20)), None);
+            assert_eq!(v.id(Token::Position(288)), None);
+            assert_eq!(v.id(Token::Velocity(0)).is_some(), velocities);
         }
-        assert_eq!(v.token(v.len() as u32), None);
-        assert_eq!(v.id(Token::Pitch(20)), None);
-        assert_eq!(v.id(Token::Position(288)), None);
     }
 
     #[test]
