@@ -5,6 +5,7 @@
 # per-type metrics on every held-out piece. Runs one at a time: give it the
 # machine alone (about 40 minutes on 2 cores).
 #   bash scripts/learning.sh [VARIANT ...]     (default: all of them)
+# THREADS=1 runs each with one libtorch thread (two lanes side by side).
 # Results: runs/learning/<variant>/eval.json, the table in runs/learning/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,15 +36,16 @@ for v in "${variants[@]}"; do
       bash scripts/reference/setup.sh
       mkdir -p $run
       runs/ref-venv/bin/python scripts/reference/train_ref.py --model $v --probe $probe \
-        --out $run/eval.json --threads 2 | tee $run/log.txt
+        --out $run/eval.json --threads "${THREADS:-2}" | tee $run/log.txt
       continue ;;
     compact) cfg=scripts/learning/common.toml; d=$compact; vocab=(--vocab vocab/remi-compact.json) ;;
     all) cfg=scripts/learning/common.toml; d=$data; vocab=() ;;
     *) cfg=$out/$v.toml; cat scripts/learning/common.toml scripts/learning/$v.toml > $cfg; d=$data; vocab=() ;;
   esac
   rm -rf $run
-  $bin train --data $d -o $run --preset small "${vocab[@]}" --config $cfg --steps "$steps" 2>&1 \
+  $bin train --data $d -o $run --preset small "${vocab[@]}" --config $cfg --steps "$steps" \
+    --threads "${THREADS:-2}" 2>&1 \
     | grep -v '^\s*$' | tail -n 4
   $bin eval --model $run --max-len 512 --bin 512 --json $run/eval.json > $run/eval.txt
 done
-python3 scripts/learning_table.py $out "${variants[@]}" | tee $out/table.md
+python3 scripts/learning_table.py $out "${variants[@]}"

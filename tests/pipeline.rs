@@ -102,11 +102,25 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
         "validation loss {val} vs uniform {uniform}"
     );
 
+    // The best validation weights are kept apart and load as a model.
+    let best = checkpoint::load_model(&full.join(checkpoint::BEST_DIR), tch::Device::Cpu)
+        .expect("best checkpoint loads");
+    let best_val = best.state.as_ref().and_then(|st| st.best_val_loss).unwrap();
+    assert!(best_val <= val + 1e-12, "{best_val} vs {val}");
+
     // The same run stopped at step 40 (a checkpoint) and resumed.
     let part = tmp.path().join("part");
     let mut o = tiny_opts(&part, &data, 60);
     o.stop_after = Some(40);
     train::train(&o).unwrap();
+    // Resuming on another schedule length needs --extend: the cosine would move.
+    let mut other = tiny_opts(&part, &data, 90);
+    other.resume = true;
+    other.preset = None;
+    other.seq_len = None;
+    other.batch = None;
+    let err = train::train(&other).unwrap_err().to_string();
+    assert!(err.contains("--extend") && err.contains("60"), "{err}");
     let mut o = tiny_opts(&part, &data, 60);
     o.resume = true;
     o.preset = None;
@@ -484,4 +498,51 @@ fn tiny_spe_model_learns_to_copy_a_pitch_from_context() {
         later > 0.3,
         "copied pitch probability {later:.3}: {probs:?}"
     );
+}
+
+#[test]
+fn export_probe_writes_the_training_batches_and_eval_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset_dir(tmp.path());
+    let probe = tmp.path().join("probe");
+    let mut o = tiny_opts(&tmp.path().join("run"), &data, 5);
+    o.stop_after = Some(3);
+    train::export_probe(&o, &probe).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(probe.join("meta.json")).unwrap()).unwrap();
+    let (l, b) = (meta["seq_len"].as_u64().unwrap(), meta["batch"].as_u64().unwrap());
+    assert_eq!((l, b, meta["steps"].as_u64().unwrap()), (64, 4, 3));
+    let train_bytes = std::fs::read(probe.join("train.bin")).unwrap();
+    assert_eq!(train_bytes.len() as u64, 3 * b * (l + 1) * 4);
+    // The batches are the ones training draws.
+    let ds = dataset::Dataset::open(&data).unwrap();
+    let split = train::data::split(&ds, 1, 0.05);
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let batcher = train::data::Batcher::new(&split.train, &vocab, 1, 6);
+    let step2: Vec<u32> = batcher
+        .batch(2, b as usize, l as usize + 1)
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    let at = (2 * b * (l + 1) * 4) as usize;
+    let got: Vec<u32> = train_bytes[at..]
+        .chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(got, step2);
+    // One validation window per held-out piece, with its context masks.
+    let n = meta["val_windows"].as_u64().unwrap() as usize;
+    assert_eq!(n, split.val.len());
+    let ctx = std::fs::read(probe.join("val_ctx.bin")).unwrap();
+    assert_eq!(ctx.len(), n * l as usize * 2);
+    let first = &split.val[0].ids;
+    let want = cadenza::eval::context_masks(first, &vocab, cadenza::eval::CONTEXT_BARS);
+    let got: Vec<u16> = ctx[..l as usize * 2]
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    let k = want.len().min(l as usize);
+    assert_eq!(got[..k], want[..k]);
+    // The folder is never overwritten.
+    assert!(train::export_probe(&o, &probe).is_err());
 }

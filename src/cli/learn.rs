@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::train::{self, eval};
 
@@ -89,6 +89,84 @@ pub struct EvalArgs {
     /// Seed of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ContinueEvalArgs {
+    /// Run folder (or model folder) to evaluate.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A dataset, or MIDI files and folders (default: the run's own held-out
+    /// pieces).
+    #[arg(long, num_args = 1..)]
+    pub data: Vec<PathBuf>,
+    /// Bars of each piece given as the prompt.
+    #[arg(long, default_value_t = 4)]
+    pub prompt_bars: usize,
+    /// Bars continued, by the model and by the piece itself.
+    #[arg(long, default_value_t = 8)]
+    pub bars: usize,
+    /// At most this many pieces, spread evenly over the list.
+    #[arg(long, default_value_t = 100)]
+    pub pieces: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+/// Continues the first bars of held-out pieces and compares with the real
+/// continuations (key, density, range, repeated notes).
+pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
+    use crate::eval::continuation;
+    let device = train::checkpoint::parse_device(a.device.as_deref())?;
+    train::set_threads(0);
+    let mut m = train::checkpoint::load_model(&a.model, device)?;
+    m.model.freeze(a.seed);
+    let (what, pieces) = eval::eval_pieces(&a.data, &m)?;
+    let pieces: Vec<Vec<u32>> = pieces
+        .into_iter()
+        .filter_map(|p| {
+            continuation::split_piece(&p.ids, a.prompt_bars, a.bars).map(|_| p.ids)
+        })
+        .collect();
+    let pieces = eval::spread(pieces, a.pieces);
+    if a.prompt_bars == 0 || a.bars == 0 {
+        anyhow::bail!("--prompt-bars and --bars must be at least 1");
+    }
+    let base = crate::sample::SampleConfig {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        seed: a.seed,
+        ..Default::default()
+    };
+    let r = continuation::evaluate(
+        &m.model,
+        &m.vocab,
+        &pieces,
+        a.prompt_bars,
+        a.bars,
+        &base,
+        |i, n| {
+            if i % 10 == 0 || i == n {
+                eprintln!("{i}/{n} pieces");
+            }
+        },
+    )
+    .with_context(|| format!("{what}: continuation evaluation"))?;
+    print!("{}", continuation::markdown(&r));
+    if let Some(j) = &a.json {
+        crate::train::checkpoint::write_json(j, &r)?;
+        println!("wrote {}", j.display());
+    }
+    Ok(0)
 }
 
 #[derive(clap::Args, Debug)]

@@ -37,8 +37,12 @@ pub enum Command {
     Vocab(tokens::VocabArgs),
     /// Train a model (or resume a run) on a dataset or a MIDI folder.
     Train(learn::TrainArgs),
-    /// Per-position NLL of a trained model on held-out pieces.
+    /// Per-position NLL, per-token-type metrics and pitch context of a trained
+    /// model on held-out pieces.
     Eval(learn::EvalArgs),
+    /// Continue the first bars of held-out pieces; compare key, density,
+    /// range and repeated notes with the real continuations.
+    ContinueEval(learn::ContinueEvalArgs),
     /// Write the batches and validation windows of a run's options (for the
     /// reference models of scripts/reference/).
     ExportProbe(learn::ExportArgs),
@@ -79,6 +83,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Vocab(a) => tokens::vocab(a),
         Command::Train(a) => learn::train(a),
         Command::Eval(a) => learn::eval(a),
+        Command::ContinueEval(a) => learn::continue_eval(a),
         Command::ExportProbe(a) => learn::export(a),
         Command::CompareEval(a) => learn::compare(a),
         Command::Generate(a) => generate::generate(a),

@@ -24,6 +24,8 @@
 //! Invariants: every metric is a mean over counted targets, so the reports
 //! of several windows combine by weighting with `count`.
 
+pub mod continuation;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

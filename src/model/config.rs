@@ -406,6 +406,26 @@ mod tests {
     }
 
     #[test]
+    fn configs_written_before_the_head_fix_keep_their_meaning() {
+        let mut c = ModelConfig::preset("small", 877).unwrap();
+        assert!(!c.scaled_embeddings && !c.tie_embeddings);
+        c.tie_embeddings = true;
+        let mut v = serde_json::to_value(&c).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        obj.remove("scaled_embeddings");
+        obj["positional"].as_object_mut().unwrap().remove("freq_init");
+        let old: ModelConfig = serde_json::from_value(v).unwrap();
+        assert!(old.scaled_embeddings, "legacy configs are scaled");
+        assert!(matches!(
+            old.positional,
+            PositionalEncoding::SpeSine {
+                freq_init: FreqInit::Reference,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn serde_roundtrip_and_tags() {
         let c = ModelConfig::preset("tiny", 50)
             .unwrap()

@@ -428,6 +428,23 @@ mod tests {
         err
     }
 
+    #[test]
+    fn spread_init_covers_short_and_long_periods() {
+        tch::manual_seed(3);
+        let logits = spread_freq_logits(&[4, 64, 5], Kind::Double, Device::Cpu);
+        let period = (logits.sigmoid() / 2.0).reciprocal();
+        let p = Vec::<f64>::try_from(period.reshape([-1])).unwrap();
+        assert!(p
+            .iter()
+            .all(|&x| (SPREAD_MIN_PERIOD - 1e-9..=SPREAD_MAX_PERIOD + 1e-6).contains(&x)));
+        // log-uniform over 2.2..2048: about 22% of periods under 10 tokens,
+        // about 22% over 450 (the reference init has under 1% under 12)
+        let short = p.iter().filter(|&&x| x < 10.0).count() as f64 / p.len() as f64;
+        let long = p.iter().filter(|&&x| x > 450.0).count() as f64 / p.len() as f64;
+        assert!((0.17..0.27).contains(&short), "{short}");
+        assert!((0.17..0.27).contains(&long), "{long}");
+    }
+
     fn deltas() -> Vec<i64> {
         PAIRS.iter().map(|&(m, n)| m - n).collect()
     }
