@@ -57,10 +57,9 @@ fn child(spec: &str) {
     cadenza::train::set_threads(0);
     let vocab = Vocab::new(Default::default()).expect("vocab");
     let (_vs, m) = model(&preset, &vocab);
-    // Grammar-constrained, EOS forbidden, so that every run makes `len` tokens.
+    // Grammar-constrained, EOS forbidden (the default), so that every run makes `len` tokens.
     let cfg = SampleConfig {
         max_tokens: len,
-        min_tokens: len,
         constrained: true,
         temperature: 1.0,
         top_p: 1.0,

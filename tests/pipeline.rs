@@ -222,6 +222,24 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     let full_recompute =
         sample::generate_by_recompute(&m.model, &m.vocab, &prompt, &short).unwrap();
     assert_eq!(rec[0].tokens, full_recompute.tokens);
+    // Both apply the repetition guard the same way: with limits tight
+    // enough that it changes draws, they still give the same piece.
+    let tight = SampleConfig {
+        guard: sample::GuardConfig {
+            enabled: true,
+            max_note_quarters: 0.01,
+            max_same_pitch: 1,
+        },
+        ..short.clone()
+    };
+    let rec = sample::generate(&m.model, &m.vocab, &prompt, 1, &tight, &mut |_| {}).unwrap();
+    let full_recompute =
+        sample::generate_by_recompute(&m.model, &m.vocab, &prompt, &tight).unwrap();
+    assert!(rec[0].guard_changes > 0, "the guard never acted");
+    assert_eq!(rec[0].tokens, full_recompute.tokens);
+    assert_eq!(rec[0].guard_changes, full_recompute.guard_changes);
+    // By default a piece runs to its full length.
+    assert!(first.iter().all(|s| s.stop == sample::Stop::MaxTokens));
 
     // The first-token distribution after the prompt matches the parallel forward.
     let ids: Vec<i64> = prompt.iter().map(|&t| t as i64).collect();
@@ -235,6 +253,25 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     let pp = par.softmax(-1, tch::Kind::Float);
     let pr = pre.softmax(-1, tch::Kind::Float);
     assert!((pp - pr).abs().max().double_value(&[]) < 1e-5);
+
+    // The command line: full length by default, the guard's count reported.
+    let gen = |extra: &[&str]| {
+        let out = Command::new(bin())
+            .args(["generate", "--model", &full.display().to_string()])
+            .args(["--tokens", "60", "--device", "cpu", "-o"])
+            .arg(tmp.path().join("g.mid"))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = gen(&[]);
+    assert!(text.contains("stopped by MaxTokens"), "{text}");
+    assert!(text.contains("the repetition guard changed"), "{text}");
+    assert!(text.contains("guard change(s)"), "{text}");
+    let text = gen(&["--allow-early-end", "--no-repetition-guard"]);
+    assert!(text.contains("draw(s) (off)"), "{text}");
 
     // A vocabulary the model was not trained with is refused.
     let other = Vocab::new(tokenizer::RemiConfig {

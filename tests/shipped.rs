@@ -38,7 +38,6 @@ fn shipped_model_generates_plausible_music() {
     let prompt = sample::prompt_tokens(&body, Some(4));
     let cfg = SampleConfig {
         max_tokens: 768,
-        min_tokens: 768,
         seed: 1,
         ..Default::default()
     };

@@ -22,15 +22,33 @@ pub struct GenerateArgs {
     /// Use only the first N bars of the prompt.
     #[arg(long)]
     pub prompt_bars: Option<usize>,
-    /// Tokens to generate after the prompt.
+    /// Tokens to generate after the prompt: every piece gets exactly this
+    /// many (the model may not end it sooner) unless --allow-early-end,
+    /// --min-tokens or --max-bars says otherwise.
     #[arg(long, default_value_t = 3072)]
     pub tokens: usize,
-    /// Do not end the piece (EOS) before this many tokens.
-    #[arg(long, default_value_t = 0)]
-    pub min_tokens: usize,
+    /// Let the model end a piece (EOS) before --tokens.
+    #[arg(long)]
+    pub allow_early_end: bool,
+    /// Let the model end a piece, but only after this many tokens (implies
+    /// --allow-early-end).
+    #[arg(long)]
+    pub min_tokens: Option<usize>,
     /// Stop when the piece reaches this many bars.
     #[arg(long)]
     pub max_bars: Option<usize>,
+    /// Sample without the repetition guard (which masks notes longer than
+    /// --max-note-quarters and a pitch already played --max-same-pitch times
+    /// in a row by one instrument).
+    #[arg(long)]
+    pub no_repetition_guard: bool,
+    /// Repetition guard: longest note, in quarter notes (0 = no limit).
+    #[arg(long, default_value_t = 16.0)]
+    pub max_note_quarters: f64,
+    /// Repetition guard: most notes in a row of one pitch on one instrument;
+    /// drums are exempt (0 = no limit).
+    #[arg(long, default_value_t = 8)]
+    pub max_same_pitch: usize,
     /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ...
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
@@ -143,7 +161,16 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         top_p: a.top_p,
         seed: a.seed,
         constrained: !a.unconstrained,
-        min_tokens: a.min_tokens,
+        earliest_end: match (a.min_tokens, a.allow_early_end) {
+            (Some(m), _) => Some(m),
+            (None, true) => Some(0),
+            (None, false) => None,
+        },
+        guard: sample::GuardConfig {
+            enabled: !a.no_repetition_guard,
+            max_note_quarters: a.max_note_quarters,
+            max_same_pitch: a.max_same_pitch,
+        },
     };
     let pb = indicatif::ProgressBar::new(a.tokens as u64);
     pb.set_style(
@@ -160,10 +187,13 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let generated: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
+    let guarded: usize = samples.iter().map(|s| s.guard_changes).sum();
     println!(
-        "generated {generated} tokens in {secs:.1} s ({:.0} tokens/s) after a {}-token prompt",
+        "generated {generated} tokens in {secs:.1} s ({:.0} tokens/s) after a {}-token prompt; \
+         the repetition guard changed {guarded} draw(s){}",
         generated as f64 / secs.max(1e-9),
-        prompt.len()
+        prompt.len(),
+        if cfg.guard.enabled { "" } else { " (off)" }
     );
     let n = samples.len();
     for (i, s) in samples.iter().enumerate() {
@@ -172,13 +202,15 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         let out = numbered(&a.output, i, n);
         midi::write_file(&score, &out)?;
         println!(
-            "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), {} skipped token(s)",
+            "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), \
+             {} guard change(s), {} skipped token(s)",
             out.display(),
             s.tokens.len(),
             score.notes.len(),
             score.duration_seconds(),
             s.stop,
             s.grammar_corrections,
+            s.guard_changes,
             rep.skipped
         );
         if let Some(t) = &a.tokens_out {

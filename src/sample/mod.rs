@@ -3,6 +3,7 @@
 //! sums S, z per layer; frozen SPE noise and features), so a 16,384-token
 //! piece costs per token what a 16-token one does.
 
+pub mod guard;
 pub mod stats;
 
 use anyhow::{bail, Result};
@@ -13,11 +14,13 @@ use tch::{Device, Kind, Tensor};
 
 use crate::model::Transformer;
 use crate::tokenizer::{Grammar, TokenType, Vocab, BAR_ID, BOS_ID, EOS_ID, PAD_ID};
+pub use guard::{GuardConfig, GuardState};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SampleConfig {
-    /// Tokens to generate after the prompt (at most).
+    /// Tokens to generate after the prompt: exactly this many unless
+    /// `earliest_end` lets the model end sooner or `max_bars` stops it.
     pub max_tokens: usize,
     /// Stop before the piece would exceed this many bars in all (prompt included).
     pub max_bars: Option<usize>,
@@ -29,8 +32,12 @@ pub struct SampleConfig {
     pub seed: u64,
     /// Forbid tokens the REMI grammar does not allow (on by default).
     pub constrained: bool,
-    /// Forbid EOS until this many tokens are generated.
-    pub min_tokens: usize,
+    /// The earliest end: EOS may be drawn once this many tokens are
+    /// generated. `None` (the default) forbids EOS altogether, so a piece
+    /// runs to `max_tokens` (or `max_bars`); `Some(0)` lets it end anywhere.
+    pub earliest_end: Option<usize>,
+    /// The repetition guard (on by default).
+    pub guard: GuardConfig,
 }
 
 impl Default for SampleConfig {
@@ -43,7 +50,8 @@ impl Default for SampleConfig {
             top_p: 0.95,
             seed: 0,
             constrained: true,
-            min_tokens: 0,
+            earliest_end: None,
+            guard: GuardConfig::default(),
         }
     }
 }
@@ -59,7 +67,7 @@ impl SampleConfig {
         if self.max_bars == Some(0) {
             bail!("--max-bars must be at least 1");
         }
-        Ok(())
+        self.guard.validate()
     }
 }
 
@@ -80,6 +88,8 @@ pub struct Sample {
     /// Steps where the unconstrained draw would have picked a token the
     /// grammar forbids (the constrained draw replaced it).
     pub grammar_corrections: usize,
+    /// Steps where the repetition guard changed the token drawn.
+    pub guard_changes: usize,
 }
 
 /// Turns logits into a probability vector: temperature, then top-k, then
@@ -150,35 +160,182 @@ fn draw(p: &[f64], u: f64, allowed: impl Fn(usize) -> bool) -> Option<usize> {
     last
 }
 
-/// Picks the next token: one uniform draw, used for the unconstrained pick
-/// (to count grammar corrections) and for the constrained one.
+/// One draw with the uniform number `u`: the tokens in `banned` get no
+/// probability (before temperature, top-k and top-p, so the others share
+/// their mass), then the grammar, if any, replaces a token it forbids by the
+/// draw over the tokens it allows. Returns the token and whether the grammar
+/// replaced it.
+pub fn choose(
+    logits: &[f32],
+    cfg: &SampleConfig,
+    grammar: Option<&Grammar>,
+    banned: &[u32],
+    u: f64,
+) -> (u32, bool) {
+    let mut ban = vec![false; logits.len()];
+    for &id in banned {
+        if let Some(b) = ban.get_mut(id as usize) {
+            *b = true;
+        }
+    }
+    let masked: Option<Vec<f32>> = (!banned.is_empty()).then(|| {
+        let neg = |(l, &b): (&f32, &bool)| if b { f32::NEG_INFINITY } else { *l };
+        logits.iter().zip(&ban).map(neg).collect()
+    });
+    let logits = masked.as_deref().unwrap_or(logits);
+    let p = filtered_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p);
+    let free = draw(&p, u, |_| true).unwrap_or(0);
+    let allowed = |i: usize| !ban[i] && grammar.is_none_or(|g| g.allows(i as u32));
+    if allowed(free) {
+        return (free as u32, false);
+    }
+    let corrected = grammar.is_some_and(|g| !g.allows(free as u32));
+    let chosen = draw(&p, u, allowed).or_else(|| {
+        // Every allowed token was cut by top-k/top-p: fall back to all of them.
+        let full = filtered_probs(logits, cfg.temperature, 0, 1.0);
+        draw(&full, u, allowed)
+    });
+    let chosen = chosen.unwrap_or_else(|| {
+        // Logits without mass on any allowed token (e.g. -inf): first allowed,
+        // or, if the bans leave none, the first the grammar allows.
+        (0..logits.len())
+            .find(|&i| allowed(i))
+            .or_else(|| (0..logits.len()).find(|&i| grammar.is_none_or(|g| g.allows(i as u32))))
+            .unwrap_or(EOS_ID as usize)
+    });
+    (chosen as u32, corrected)
+}
+
+/// The outcome of one sampling step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    pub token: u32,
+    /// The grammar replaced the token the model's distribution gave.
+    pub grammar_corrected: bool,
+    /// The guard's bans changed the token (same draw without them differs).
+    pub guard_changed: bool,
+}
+
+/// Picks the next token with one uniform draw from `rng`. EOS is forbidden
+/// unless `end_allowed`; `guard_bans` (from [`GuardState::bans`]) are
+/// forbidden too, and the step counts as changed by the guard when the same
+/// draw without them would have given another token.
 pub fn pick(
     logits: &[f32],
     cfg: &SampleConfig,
     grammar: Option<&Grammar>,
+    end_allowed: bool,
+    guard_bans: &[u32],
     rng: &mut ChaCha8Rng,
-) -> (u32, bool) {
-    let p = filtered_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p);
+) -> Pick {
     let u: f64 = rng.gen();
-    let free = draw(&p, u, |_| true).unwrap_or(0);
-    let Some(g) = grammar else {
-        return (free as u32, false);
-    };
-    if g.allows(free as u32) {
-        return (free as u32, false);
+    let mut rules: Vec<u32> = Vec::new();
+    if !end_allowed {
+        rules.push(EOS_ID);
     }
-    let chosen = draw(&p, u, |i| g.allows(i as u32)).or_else(|| {
-        // Every allowed token was cut by top-k/top-p: fall back to all of them.
-        let full = filtered_probs(logits, cfg.temperature, 0, 1.0);
-        draw(&full, u, |i| g.allows(i as u32))
-    });
-    let chosen = chosen.unwrap_or_else(|| {
-        // Logits without mass on any allowed token (e.g. -inf): first allowed.
-        (0..logits.len())
-            .find(|&i| g.allows(i as u32))
-            .unwrap_or(EOS_ID as usize)
-    });
-    (chosen as u32, true)
+    if guard_bans.is_empty() {
+        let (token, grammar_corrected) = choose(logits, cfg, grammar, &rules, u);
+        return Pick {
+            token,
+            grammar_corrected,
+            guard_changed: false,
+        };
+    }
+    let unguarded = choose(logits, cfg, grammar, &rules, u).0;
+    rules.extend_from_slice(guard_bans);
+    let (token, grammar_corrected) = choose(logits, cfg, grammar, &rules, u);
+    Pick {
+        token,
+        grammar_corrected,
+        guard_changed: token != unguarded,
+    }
+}
+
+/// One sequence being sampled: its grammar and guard state, random
+/// generator, bar count and tokens. Both samplers step it the same way.
+struct Sequence<'v> {
+    grammar: Grammar<'v>,
+    guard: GuardState,
+    rng: ChaCha8Rng,
+    bars: usize,
+    done: bool,
+    sample: Sample,
+}
+
+impl<'v> Sequence<'v> {
+    fn new(vocab: &'v Vocab, prompt: &[u32], seed: u64) -> Result<Self> {
+        let mut guard = GuardState::new();
+        for &t in prompt {
+            guard.observe(vocab, t);
+        }
+        Ok(Sequence {
+            grammar: prompt_grammar(vocab, prompt)?,
+            guard,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            bars: prompt.iter().filter(|&&t| t == BAR_ID).count(),
+            done: false,
+            sample: Sample {
+                tokens: prompt.to_vec(),
+                prompt_len: prompt.len(),
+                stop: Stop::MaxTokens,
+                grammar_corrections: 0,
+                guard_changes: 0,
+            },
+        })
+    }
+
+    /// Draws the token after `generated` new ones from `logits`; `None`
+    /// when the sequence ends here (EOS, or the bar limit).
+    fn step(
+        &mut self,
+        logits: &[f32],
+        generated: usize,
+        vocab: &Vocab,
+        cfg: &SampleConfig,
+    ) -> Option<u32> {
+        if self.done {
+            return None;
+        }
+        let g = cfg.constrained.then_some(&self.grammar);
+        let end_allowed = cfg.earliest_end.is_some_and(|m| generated >= m);
+        let bans = self.guard.bans(&cfg.guard, vocab, g);
+        let p = pick(logits, cfg, g, end_allowed, &bans, &mut self.rng);
+        self.sample.grammar_corrections += p.grammar_corrected as usize;
+        self.sample.guard_changes += p.guard_changed as usize;
+        let tok = p.token;
+        if tok == EOS_ID {
+            self.sample.stop = Stop::Eos;
+            self.done = true;
+            return None;
+        }
+        if tok == BAR_ID {
+            if cfg.max_bars.is_some_and(|m| self.bars >= m) {
+                self.sample.stop = Stop::MaxBars;
+                self.done = true;
+                return None;
+            }
+            self.bars += 1;
+        }
+        // Unconstrained sampling may produce anything; keep the grammar
+        // state only while it holds.
+        let _ = self.grammar.push(tok);
+        self.guard.observe(vocab, tok);
+        self.sample.tokens.push(tok);
+        Some(tok)
+    }
+
+    fn finish(mut self, vocab: &Vocab) -> Sample {
+        if self.sample.stop != Stop::Eos {
+            let keep = self.sample.prompt_len;
+            trim_incomplete(vocab, &mut self.sample.tokens, keep);
+        }
+        self.sample
+    }
+}
+
+/// The seed of sequence `i` of a batch.
+fn sequence_seed(seed: u64, i: usize) -> u64 {
+    seed.wrapping_add((i as u64) << 32)
 }
 
 fn logits_rows(t: &Tensor) -> Vec<Vec<f32>> {
@@ -217,23 +374,10 @@ pub fn generate(
     if prompt.first() != Some(&BOS_ID) {
         bail!("a prompt must start with BOS");
     }
-    let base = prompt_grammar(vocab, prompt)?;
-    let prompt_bars = prompt.iter().filter(|&&t| t == BAR_ID).count();
     let device = model.device();
-    let mut grammars: Vec<Grammar> = vec![base; n];
-    let mut rngs: Vec<ChaCha8Rng> = (0..n)
-        .map(|i| ChaCha8Rng::seed_from_u64(cfg.seed.wrapping_add((i as u64) << 32)))
-        .collect();
-    let mut samples: Vec<Sample> = (0..n)
-        .map(|_| Sample {
-            tokens: prompt.to_vec(),
-            prompt_len: prompt.len(),
-            stop: Stop::MaxTokens,
-            grammar_corrections: 0,
-        })
-        .collect();
-    let mut done = vec![false; n];
-    let mut bars = vec![prompt_bars; n];
+    let mut seqs = (0..n)
+        .map(|i| Sequence::new(vocab, prompt, sequence_seed(cfg.seed, i)))
+        .collect::<Result<Vec<_>>>()?;
 
     let ids: Vec<i64> = prompt.iter().map(|&t| t as i64).collect();
     let batch = Tensor::from_slice(&ids)
@@ -244,50 +388,23 @@ pub fn generate(
     let logits = model.prefill(&batch, &mut state);
     let mut last = logits.select(1, prompt.len() as i64 - 1);
     for generated in 0..cfg.max_tokens {
-        let mut rows = logits_rows(&last);
-        let mut next = vec![PAD_ID as i64; n];
-        for i in 0..n {
-            if done[i] {
-                continue;
-            }
-            let g = cfg.constrained.then_some(&grammars[i]);
-            if generated < cfg.min_tokens {
-                rows[i][EOS_ID as usize] = f32::NEG_INFINITY;
-            }
-            let (tok, corrected) = pick(&rows[i], cfg, g, &mut rngs[i]);
-            samples[i].grammar_corrections += corrected as usize;
-            if tok == EOS_ID {
-                samples[i].stop = Stop::Eos;
-                done[i] = true;
-                continue;
-            }
-            if tok == BAR_ID {
-                if cfg.max_bars.is_some_and(|m| bars[i] >= m) {
-                    samples[i].stop = Stop::MaxBars;
-                    done[i] = true;
-                    continue;
-                }
-                bars[i] += 1;
-            }
-            // Unconstrained sampling may produce anything; keep the grammar
-            // state only while it holds.
-            let _ = grammars[i].push(tok);
-            samples[i].tokens.push(tok);
-            next[i] = tok as i64;
-        }
+        let rows = logits_rows(&last);
+        let next: Vec<i64> = seqs
+            .iter_mut()
+            .zip(&rows)
+            .map(|(s, row)| {
+                s.step(row, generated, vocab, cfg)
+                    .map_or(PAD_ID as i64, |t| t as i64)
+            })
+            .collect();
         on_token(generated + 1);
-        if done.iter().all(|&d| d) || generated + 1 == cfg.max_tokens {
+        if seqs.iter().all(|s| s.done) || generated + 1 == cfg.max_tokens {
             break;
         }
         let input = Tensor::from_slice(&next).to_device(device);
         last = model.step(&input, &mut state);
     }
-    for s in &mut samples {
-        if s.stop != Stop::Eos {
-            trim_incomplete(vocab, &mut s.tokens, s.prompt_len);
-        }
-    }
-    Ok(samples)
+    Ok(seqs.into_iter().map(|s| s.finish(vocab)).collect())
 }
 
 /// Drops a trailing unfinished note (Program, Pitch, Velocity without their
@@ -312,41 +429,30 @@ pub fn trim_incomplete(vocab: &Vocab, tokens: &mut Vec<u32>, keep: usize) {
 
 /// The same sampling done the way the reference implementation did it:
 /// the whole prefix is run again for every new token (quadratic in the
-/// length). Used by the benchmark and to check the recurrence.
+/// length). Used by the benchmark and to check the recurrence: it steps the
+/// sequence exactly as [`generate`] steps its first one (same random draws,
+/// end rule, bar limit and repetition guard), so the two give the same piece.
 pub fn generate_by_recompute(
     model: &Transformer,
     vocab: &Vocab,
     prompt: &[u32],
     cfg: &SampleConfig,
 ) -> Result<Sample> {
-    let mut grammar = prompt_grammar(vocab, prompt)?;
-    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-    let mut tokens = prompt.to_vec();
-    let mut corrections = 0;
-    let mut stop = Stop::MaxTokens;
-    for _ in 0..cfg.max_tokens {
-        let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    cfg.validate()?;
+    let mut seq = Sequence::new(vocab, prompt, sequence_seed(cfg.seed, 0))?;
+    for generated in 0..cfg.max_tokens {
+        let ids: Vec<i64> = seq.sample.tokens.iter().map(|&t| t as i64).collect();
         let x = Tensor::from_slice(&ids)
             .view([1, -1])
             .to_device(model.device());
         let logits = tch::no_grad(|| model.forward_t(&x, 0, false));
-        let last = logits.select(1, tokens.len() as i64 - 1);
+        let last = logits.select(1, ids.len() as i64 - 1);
         let row = logits_rows(&last).remove(0);
-        let (tok, corrected) = pick(&row, cfg, cfg.constrained.then_some(&grammar), &mut rng);
-        corrections += corrected as usize;
-        if tok == EOS_ID {
-            stop = Stop::Eos;
+        if seq.step(&row, generated, vocab, cfg).is_none() {
             break;
         }
-        let _ = grammar.push(tok);
-        tokens.push(tok);
     }
-    Ok(Sample {
-        tokens,
-        prompt_len: prompt.len(),
-        stop,
-        grammar_corrections: corrections,
-    })
+    Ok(seq.finish(vocab))
 }
 
 /// BOS + the prompt's tokens, cut before its (`bars` + 1)-th bar when asked.
@@ -398,6 +504,171 @@ mod tests {
         assert_eq!(draw(&p, 0.1, |i| i != 0), Some(1));
         assert_eq!(draw(&p, 0.99, |i| i == 2), Some(2));
         assert_eq!(draw(&p, 0.5, |_| false), None);
+    }
+
+    fn vocab() -> Vocab {
+        Vocab::new(crate::tokenizer::RemiConfig::default()).unwrap()
+    }
+
+    /// Logits that are 0 except for `bias` on some ids: a fabricated model
+    /// that wants the same tokens at every step.
+    fn fake_logits(v: &Vocab, bias: &[(u32, f32)]) -> Vec<f32> {
+        let mut l = vec![0.0f32; v.len()];
+        for &(id, b) in bias {
+            l[id as usize] = b;
+        }
+        l
+    }
+
+    /// Samples from `BOS` with the same logits at every step, as `generate`
+    /// steps a sequence.
+    fn run_fake(v: &Vocab, cfg: &SampleConfig, logits: &[f32]) -> Sample {
+        let mut seq = Sequence::new(v, &[BOS_ID], cfg.seed).unwrap();
+        for generated in 0..cfg.max_tokens {
+            if seq.step(logits, generated, v, cfg).is_none() {
+                break;
+            }
+        }
+        seq.finish(v)
+    }
+
+    fn cfg(max_tokens: usize, seed: u64) -> SampleConfig {
+        SampleConfig {
+            max_tokens,
+            seed,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn eos_waits_for_the_full_length_unless_an_early_end_is_allowed() {
+        let v = vocab();
+        let logits = fake_logits(&v, &[(EOS_ID, 30.0)]);
+        for seed in 0..5 {
+            let s = run_fake(&v, &cfg(300, seed), &logits);
+            assert_eq!(s.stop, Stop::MaxTokens);
+            assert!(!s.tokens.contains(&EOS_ID));
+            // Only a trailing unfinished note may be trimmed.
+            assert!(s.tokens.len() - s.prompt_len > 295, "{}", s.tokens.len());
+            crate::tokenizer::validate(&s.tokens, &v).unwrap();
+        }
+        // Allowed anywhere: the first token is EOS.
+        let early = SampleConfig {
+            earliest_end: Some(0),
+            ..cfg(300, 0)
+        };
+        let s = run_fake(&v, &early, &logits);
+        assert_eq!((s.stop, s.tokens.len()), (Stop::Eos, 1));
+        // Allowed after 50: it ends as soon as the grammar allows.
+        let after = SampleConfig {
+            earliest_end: Some(50),
+            ..cfg(300, 0)
+        };
+        let s = run_fake(&v, &after, &logits);
+        assert_eq!(s.stop, Stop::Eos);
+        let made = s.tokens.len() - s.prompt_len;
+        assert!((50..60).contains(&made), "{made}");
+        // Masked EOS never comes back through a fallback, even unconstrained
+        // with every other token at -inf.
+        let mut only_eos = vec![f32::NEG_INFINITY; v.len()];
+        only_eos[EOS_ID as usize] = 0.0;
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let g = Grammar::new(&v);
+        let p = pick(&only_eos, &cfg(1, 0), Some(&g), false, &[], &mut rng);
+        assert_ne!(p.token, EOS_ID);
+    }
+
+    /// The longest run of one pitch among the Pitch tokens after the prompt.
+    fn longest_run(v: &Vocab, s: &Sample, pitch: u32) -> usize {
+        let (mut run, mut best) = (0, 0);
+        for &t in &s.tokens[s.prompt_len..] {
+            if v.kind(t) == Some(TokenType::Pitch) {
+                run = if t == pitch { run + 1 } else { 0 };
+                best = best.max(run);
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn the_guard_breaks_a_run_of_one_pitch() {
+        let v = vocab();
+        let c60 = v.id(crate::tokenizer::Token::Pitch(60)).unwrap();
+        let prog0 = v.id(crate::tokenizer::Token::Program(0)).unwrap();
+        let logits = fake_logits(&v, &[(c60, 20.0), (prog0, 20.0)]);
+        let off = SampleConfig {
+            guard: GuardConfig::off(),
+            ..cfg(400, 1)
+        };
+        let free = run_fake(&v, &off, &logits);
+        assert!(longest_run(&v, &free, c60) > 20, "{:?}", free.tokens);
+        assert_eq!(free.guard_changes, 0);
+        let guarded = run_fake(&v, &cfg(400, 1), &logits);
+        assert!(longest_run(&v, &guarded, c60) <= 8);
+        assert!(
+            longest_run(&v, &guarded, c60) >= 8,
+            "the model still gets its way up to K"
+        );
+        assert!(guarded.guard_changes > 0);
+        crate::tokenizer::validate(&guarded.tokens, &v).unwrap();
+        // Fewer allowed repeats, shorter runs.
+        let strict = SampleConfig {
+            guard: GuardConfig {
+                max_same_pitch: 3,
+                ..Default::default()
+            },
+            ..cfg(400, 1)
+        };
+        assert_eq!(longest_run(&v, &run_fake(&v, &strict, &logits), c60), 3);
+    }
+
+    #[test]
+    fn the_guard_cuts_long_notes() {
+        let v = vocab();
+        let range = v.range(TokenType::Duration);
+        let longest = range.end - 1;
+        let logits = fake_logits(&v, &[(longest, 20.0)]);
+        let limit = 16 * v.config().positions_per_quarter;
+        let long_notes = |s: &Sample| {
+            s.tokens
+                .iter()
+                .filter(|&&t| {
+                    range.contains(&t) && v.durations()[(t - range.start) as usize] > limit
+                })
+                .count()
+        };
+        let off = SampleConfig {
+            guard: GuardConfig::off(),
+            ..cfg(300, 2)
+        };
+        let free = run_fake(&v, &off, &logits);
+        assert!(long_notes(&free) > 5, "{}", long_notes(&free));
+        let guarded = run_fake(&v, &cfg(300, 2), &logits);
+        assert_eq!(long_notes(&guarded), 0);
+        assert!(guarded.guard_changes >= long_notes(&free).min(1));
+        assert!(count_type(&guarded.tokens, &v, TokenType::Duration) > 5);
+    }
+
+    #[test]
+    fn bans_apply_before_top_k_and_top_p() {
+        let logits = [5.0f32, 4.0, 3.0, 2.0];
+        let top1 = SampleConfig {
+            top_k: 1,
+            ..Default::default()
+        };
+        for u in [0.0, 0.5, 0.99] {
+            assert_eq!(choose(&logits, &top1, None, &[0], u), (1, false));
+        }
+        // The nucleus is taken over what the bans leave: 1 alone holds 0.95
+        // of the mass once 0 is gone and 2, 3 are far below.
+        let logits = [9.0f32, 8.0, 0.0, 0.0];
+        let nucleus = SampleConfig {
+            top_p: 0.9,
+            ..Default::default()
+        };
+        for u in [0.0, 0.5, 0.99] {
+            assert_eq!(choose(&logits, &nucleus, None, &[0], u).0, 1);
+        }
     }
 
     #[test]
