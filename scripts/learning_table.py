@@ -34,9 +34,9 @@ def speed(run):
     with open(path) as f:
         for line in f:
             m = json.loads(line)
-            if "tokens_per_s" in m and "val_loss" not in m:
+            if "tokens_per_s" in m and "val_loss" not in m and m["step"] > 5:
                 tps.append(m["tokens_per_s"])
-    return statistics.median(tps[5:] or tps) if tps else None
+    return statistics.median(tps) if tps else None
 
 
 def cell(x, fmt):
@@ -64,7 +64,15 @@ def main():
         src = r.get("by_source", {})
         _, folk = pitch(src.get("folk"))
         _, classical = pitch(src.get("classical"))
-        tps = r.get("tokens_per_s") or speed(run)
+        # Speeds come from the side-by-side pass (learning-speed.sh) when it ran.
+        fast = os.path.join(out + "-speed", v)
+        ref = os.path.join(fast, "eval.json")
+        if os.path.exists(ref):
+            tps = json.load(open(ref)).get("tokens_per_s")
+        elif os.path.exists(fast):
+            tps = speed(fast)
+        else:
+            tps = r.get("tokens_per_s") or speed(run)
         ctx = "-" if mass is None else f"{mass:.3f} ({share:.3f})"
         print(
             f"| {NAMES.get(v, v)} | {cell(nll, '{:.3f}')} | {cell(top1 and top1 * 100, '{:.1f}%')} | {ctx} | "

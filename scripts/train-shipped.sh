@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Reproduces the shipped model under models/cadenza-small from the shared
-# corpus (classical and folk), on the CPU. Usage:
+# corpus (classical and folk), on the CPU, in one cosine schedule. Usage:
 #   bash scripts/train-shipped.sh [CORPUS] [RUN_DIR]
-# Then copy RUN_DIR/{config.json,vocab.json,checkpoint/model.safetensors} to
-# models/cadenza-small (scripts/ship-model.sh does it).
+# STEPS (default 5200, about 95 minutes on 2 cores), VOCAB (default the compact
+# vocabulary), STOP_AFTER (stop early; `cadenza train -o RUN_DIR --resume`
+# continues the same schedule exactly). Give it the machine alone.
+# Then: bash scripts/ship-model.sh RUN_DIR models/cadenza-small
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${1:-${CADENZA_CORPUS:-../shared/corpus}}
-run=${2:-runs/small-sine}
-steps=${STEPS:-3000}
+run=${2:-runs/shipped}
+steps=${STEPS:-5200}
+vocab=${VOCAB:-vocab/remi-compact.json}
 bash scripts/setup.sh
 cargo build --release --quiet
 bin=target/release/cadenza
-if [ ! -f runs/corpus-data/manifest.json ]; then
-  $bin tokenize "$corpus/classical" "$corpus/folk" -o runs/corpus-data
+data=runs/corpus-data-$(basename "$vocab" .json)
+if [ ! -f "$data/manifest.json" ]; then
+  $bin tokenize "$corpus/classical" "$corpus/folk" --vocab "$vocab" -o "$data"
 fi
-$bin train --data runs/corpus-data -o "$run" --preset small --positional spe-sine \
-  --steps "$steps" --seq-len 512 --batch 8 --seed 0
+$bin train --data "$data" -o "$run" --preset small --vocab "$vocab" \
+  --config scripts/shipped.toml --steps "$steps" --seed 0 --threads 2 \
+  ${STOP_AFTER:+--stop-after "$STOP_AFTER"}

@@ -156,6 +156,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
         max_pieces: 20,
         device: Some("cpu".into()),
         seed: 0,
+        threads: 1,
     })
     .unwrap();
     assert_eq!(r.bins.len(), 4);

@@ -89,6 +89,9 @@ pub struct EvalArgs {
     /// Seed of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// CPU threads for libtorch (default: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -120,6 +123,9 @@ pub struct ContinueEvalArgs {
     pub json: Option<PathBuf>,
     #[arg(long)]
     pub device: Option<String>,
+    /// CPU threads for libtorch (default: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 }
 
 /// Continues the first bars of held-out pieces and compares with the real
@@ -127,7 +133,7 @@ pub struct ContinueEvalArgs {
 pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     use crate::eval::continuation;
     let device = train::checkpoint::parse_device(a.device.as_deref())?;
-    train::set_threads(0);
+    train::set_threads(a.threads);
     let mut m = train::checkpoint::load_model(&a.model, device)?;
     m.model.freeze(a.seed);
     let (what, pieces) = eval::eval_pieces(&a.data, &m)?;
@@ -237,6 +243,7 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
         max_pieces: a.max_pieces,
         device: a.device,
         seed: a.seed,
+        threads: a.threads,
     })?;
     println!(
         "{} ({}), {} pieces, training length {}",

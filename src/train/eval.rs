@@ -26,6 +26,8 @@ pub struct EvalOptions {
     pub max_pieces: usize,
     pub device: Option<String>,
     pub seed: u64,
+    /// libtorch CPU threads (0 = all cores).
+    pub threads: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -138,7 +140,7 @@ pub fn eval_pieces(
 
 pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
     let device = checkpoint::parse_device(o.device.as_deref())?;
-    super::set_threads(0);
+    super::set_threads(o.threads);
     let mut m = checkpoint::load_model(&o.model_dir, device)?;
     m.model.freeze(o.seed);
     let train_len = m.config.train.seq_len as usize;
