@@ -10,7 +10,7 @@ bin=target/release/cadenza
 data=runs/corpus-data
 compact=runs/corpus-data-compact
 mkdir -p $out
-for v in today head spread nodrop all tied conv16 softmax-ape compact; do
+for v in today head spread nodrop all tied conv16 favor128 softmax-ape compact; do
   run=$out/$v
   rm -rf $run
   case $v in

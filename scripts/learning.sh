@@ -23,7 +23,7 @@ if [ -f vocab/remi-compact.json ] && [ ! -f $compact/manifest.json ]; then
   $bin tokenize "$corpus/classical" "$corpus/folk" --vocab vocab/remi-compact.json -o $compact
 fi
 variants=("$@")
-[ ${#variants[@]} -gt 0 ] || variants=(today head spread nodrop all tied conv16 softmax-ape compact gpt performer)
+[ ${#variants[@]} -gt 0 ] || variants=(today head spread nodrop all tied conv16 favor128 softmax-ape compact gpt performer)
 for v in "${variants[@]}"; do
   run=$out/$v
   if [ -f $run/eval.json ]; then echo "== $v: done"; continue; fi
@@ -46,6 +46,6 @@ for v in "${variants[@]}"; do
   $bin train --data $d -o $run --preset small "${vocab[@]}" --config $cfg --steps "$steps" \
     --threads "${THREADS:-2}" 2>&1 \
     | grep -v '^\s*$' | tail -n 4
-  $bin eval --model $run --max-len 512 --bin 512 --json $run/eval.json > $run/eval.txt
+  $bin eval --model $run --max-len 512 --bin 512 --threads "${THREADS:-2}" --json $run/eval.json > $run/eval.txt
 done
 python3 scripts/learning_table.py $out "${variants[@]}"

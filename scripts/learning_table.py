@@ -20,6 +20,7 @@ NAMES = {
     "tied": "all fixes, GPT-2 tied head instead of untied",
     "conv16": "all fixes, ConvSPE kernel 16",
     "softmax-ape": "all fixes, cadenza softmax + APE",
+    "favor128": "all fixes, 128 FAVOR+ features instead of 64",
     "compact": "all fixes, compact vocabulary (program changes, no velocity)",
     "gpt": "reference: PyTorch GPT, SDPA softmax, learned positions",
     "performer": "reference: performer-pytorch 1.1.4 PerformerLM",

@@ -566,7 +566,14 @@ impl Transformer {
             x = x * (d as f64).sqrt();
         }
         if cfg.positional == PositionalEncoding::Ape {
-            x = x + sinusoidal_ape(offset, l, d, self.device).to_kind(kind);
+            // Sines have RMS 2^-1/2; unscaled embeddings start with std 0.02, so the
+            // code is brought to the same scale or it would drown the token.
+            let ape = sinusoidal_ape(offset, l, d, self.device).to_kind(kind);
+            x = if cfg.scaled_embeddings {
+                x + ape
+            } else {
+                x + ape * (0.02 * std::f64::consts::SQRT_2)
+            };
         }
         x = x.dropout(p, train);
 
