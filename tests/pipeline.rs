@@ -172,7 +172,11 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
         .map(|t| t.nll * t.count as f64)
         .sum::<f64>()
         / counted as f64;
-    assert!((weighted - all.loss).abs() < 1e-9, "{weighted} vs {}", all.loss);
+    assert!(
+        (weighted - all.loss).abs() < 1e-9,
+        "{weighted} vs {}",
+        all.loss
+    );
     assert!(all.by_type.contains_key("Pitch") && all.by_type.contains_key("Bar"));
     assert!(all.pitch_context.count > 0);
     assert!((0.0..=1.0).contains(&all.pitch_context.model_mass));
@@ -548,7 +552,10 @@ fn export_probe_writes_the_training_batches_and_eval_windows() {
     train::export_probe(&o, &probe).unwrap();
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(probe.join("meta.json")).unwrap()).unwrap();
-    let (l, b) = (meta["seq_len"].as_u64().unwrap(), meta["batch"].as_u64().unwrap());
+    let (l, b) = (
+        meta["seq_len"].as_u64().unwrap(),
+        meta["batch"].as_u64().unwrap(),
+    );
     assert_eq!((l, b, meta["steps"].as_u64().unwrap()), (64, 4, 3));
     let train_bytes = std::fs::read(probe.join("train.bin")).unwrap();
     assert_eq!(train_bytes.len() as u64, 3 * b * (l + 1) * 4);

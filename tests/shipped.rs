@@ -83,7 +83,7 @@ fn shipped_model_validation_loss_matches_its_card() {
     let tmp = tempfile::tempdir().unwrap();
     let files =
         dataset::collect_midi_files(&[corpus.join("classical"), corpus.join("folk")]).unwrap();
-    // Sources are relative to each input folder, as `cadenza tokenize classical folk` writes them.
+    // Sources start with each input folder's name, as `cadenza tokenize classical folk` writes them.
     let results = dataset::tokenize_files(&files, &m.vocab, &|| {});
     dataset::write_dataset(tmp.path(), &m.vocab, &files, results).unwrap();
     let ds = dataset::Dataset::open(tmp.path()).unwrap();

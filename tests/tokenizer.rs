@@ -295,14 +295,23 @@ fn truncated_and_garbage_bytes_are_errors_or_warnings_never_panics() {
     assert!(err.contains("junk.mid"), "{err}");
 }
 
+/// The bundled sample prompts.
+const SAMPLES: [&str; 3] = [
+    "oneills-jig-6-8.mid",
+    "oneills-reel-4-4.mid",
+    "oneills-air-3-4.mid",
+];
+
+fn sample_score(name: &str) -> midi::Score {
+    midi::read_file(&std::path::Path::new("midi_samples").join(name))
+        .unwrap()
+        .0
+}
+
 #[test]
 fn samples_round_trip_and_validate() {
-    for f in [
-        "oneills-jig-6-8.mid",
-        "oneills-reel-4-4.mid",
-        "oneills-air-3-4.mid",
-    ] {
-        let (score, _) = midi::read_file(&std::path::Path::new("midi_samples").join(f)).unwrap();
+    for f in SAMPLES {
+        let score = sample_score(f);
         assert!(!score.notes.is_empty());
         assert_round_trip(&score);
     }
@@ -681,12 +690,8 @@ fn grammar_without_velocities() {
 
 #[test]
 fn samples_are_faithful_under_every_option() {
-    for f in [
-        "oneills-jig-6-8.mid",
-        "oneills-reel-4-4.mid",
-        "oneills-air-3-4.mid",
-    ] {
-        let (score, _) = midi::read_file(&std::path::Path::new("midi_samples").join(f)).unwrap();
+    for f in SAMPLES {
+        let score = sample_score(f);
         for v in option_vocabs() {
             let fid = fidelity::measure(&score, v);
             assert!(fid.is_perfect(), "{f} {:?}: {fid:?}", v.config());

@@ -276,7 +276,7 @@ pub struct StatsArgs {
     pub seed: u64,
     #[arg(long, default_value_t = 0.05)]
     pub val_fraction: f64,
-    /// At most this many real pieces.
+    /// At most this many real pieces, spread evenly over the list.
     #[arg(long, default_value_t = 500)]
     pub max_real: usize,
     /// Write the table here too.
@@ -310,7 +310,8 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
             real.extend(midi_scores(std::slice::from_ref(r))?);
         }
     }
-    real.truncate(a.max_real);
+    // Spread over the whole list: its first files are one collection.
+    let real = crate::train::eval::spread(real, a.max_real);
     if generated.is_empty() || real.is_empty() {
         bail!("need at least one generated and one real piece");
     }

@@ -139,9 +139,7 @@ pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     let (what, pieces) = eval::eval_pieces(&a.data, &m)?;
     let pieces: Vec<Vec<u32>> = pieces
         .into_iter()
-        .filter_map(|p| {
-            continuation::split_piece(&p.ids, a.prompt_bars, a.bars).map(|_| p.ids)
-        })
+        .filter_map(|p| continuation::split_piece(&p.ids, a.prompt_bars, a.bars).map(|_| p.ids))
         .collect();
     let pieces = eval::spread(pieces, a.pieces);
     if a.prompt_bars == 0 || a.bars == 0 {

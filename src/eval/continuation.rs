@@ -51,10 +51,11 @@ pub fn key_scale(hist: &[u32; 12]) -> u16 {
     let mut best = (0u32, 0u16);
     for tonic in 0..12u8 {
         for scale in [MAJOR, MINOR] {
-            let mask = scale
-                .iter()
-                .fold(0u16, |m, &d| m | 1 << ((tonic + d) % 12));
-            let inside = (0..12).filter(|&pc| mask & (1 << pc) != 0).map(|pc| hist[pc]).sum();
+            let mask = scale.iter().fold(0u16, |m, &d| m | 1 << ((tonic + d) % 12));
+            let inside = (0..12)
+                .filter(|&pc| mask & (1 << pc) != 0)
+                .map(|pc| hist[pc])
+                .sum();
             if inside > best.0 || best.1 == 0 {
                 best = (inside, mask);
             }
@@ -80,7 +81,10 @@ pub fn continuation_stats(pitches: &[u8], scale: u16, bars: usize) -> Continuati
     if n == 0 {
         return ContinuationStats::default();
     }
-    let inside = pitches.iter().filter(|&&p| scale & (1 << (p % 12)) != 0).count();
+    let inside = pitches
+        .iter()
+        .filter(|&&p| scale & (1 << (p % 12)) != 0)
+        .count();
     let repeats = pitches.windows(2).filter(|w| w[0] == w[1]).count();
     let lo = *pitches.iter().min().expect("non-empty");
     let hi = *pitches.iter().max().expect("non-empty");
@@ -248,7 +252,10 @@ mod tests {
         assert_eq!(s.notes_per_bar, 2.5);
         assert_eq!(s.pitch_range, 12.0);
         assert!((s.repeat_share - 0.25).abs() < 1e-12);
-        assert_eq!(continuation_stats(&[], c_major, 2), ContinuationStats::default());
+        assert_eq!(
+            continuation_stats(&[], c_major, 2),
+            ContinuationStats::default()
+        );
     }
 
     #[test]
@@ -263,6 +270,9 @@ mod tests {
         let (prompt, cont) = split_piece(&ids, 2, 3).unwrap();
         assert_eq!(prompt, vec![BOS_ID, BAR_ID, p(60), BAR_ID, p(61)]);
         assert_eq!(cont, vec![BAR_ID, p(62), BAR_ID, p(63), BAR_ID, p(64)]);
-        assert!(split_piece(&ids, 2, 4).is_none(), "the last bar must be complete");
+        assert!(
+            split_piece(&ids, 2, 4).is_none(),
+            "the last bar must be complete"
+        );
     }
 }

@@ -218,8 +218,13 @@ pub fn score_window(
             .to_kind(Kind::Float)
             .to_device(tch::Device::Cpu); // (n-1, V)
         let logp = logits.log_softmax(-1, Kind::Float);
-        let target = t.narrow(1, 1, n - 1).squeeze_dim(0).to_device(tch::Device::Cpu);
-        let nll = -logp.gather(-1, &target.unsqueeze(-1), false).squeeze_dim(-1);
+        let target = t
+            .narrow(1, 1, n - 1)
+            .squeeze_dim(0)
+            .to_device(tch::Device::Cpu);
+        let nll = -logp
+            .gather(-1, &target.unsqueeze(-1), false)
+            .squeeze_dim(-1);
         let top1 = logp.argmax(-1, false).eq_tensor(&target);
         // P over pitch ids, renormalized, and the context's share of it
         let pcount = table.classes.size()[0];
@@ -241,9 +246,7 @@ pub fn score_window(
                 let target = ids[i + 1];
                 let kind = vocab.kind(target).unwrap_or(TokenType::Pad);
                 let context = match pitch_class(vocab, target) {
-                    Some(pc) if masks[i] != 0 => {
-                        Some((mass[i] as f64, masks[i] & (1 << pc) != 0))
-                    }
+                    Some(pc) if masks[i] != 0 => Some((mass[i] as f64, masks[i] & (1 << pc) != 0)),
                     _ => None,
                 };
                 Scored {
@@ -284,7 +287,10 @@ impl GroupedMetrics {
         }
         GroupedMetrics {
             all: all.finish(),
-            by_source: groups.iter().map(|(k, a)| (k.clone(), a.finish())).collect(),
+            by_source: groups
+                .iter()
+                .map(|(k, a)| (k.clone(), a.finish()))
+                .collect(),
         }
     }
 }

@@ -413,7 +413,10 @@ mod tests {
         let mut v = serde_json::to_value(&c).unwrap();
         let obj = v.as_object_mut().unwrap();
         obj.remove("scaled_embeddings");
-        obj["positional"].as_object_mut().unwrap().remove("freq_init");
+        obj["positional"]
+            .as_object_mut()
+            .unwrap()
+            .remove("freq_init");
         let old: ModelConfig = serde_json::from_value(v).unwrap();
         assert!(old.scaled_embeddings, "legacy configs are scaled");
         assert!(matches!(

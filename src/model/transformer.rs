@@ -198,14 +198,7 @@ impl Transformer {
                     realizations,
                     freq_init,
                     ..
-                } => SpeCode::Sine(SineSpe::new(
-                    &p,
-                    h,
-                    hd,
-                    *sines,
-                    *realizations,
-                    *freq_init,
-                )),
+                } => SpeCode::Sine(SineSpe::new(&p, h, hd, *sines, *realizations, *freq_init)),
                 PositionalEncoding::SpeConv {
                     kernel,
                     realizations,

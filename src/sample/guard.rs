@@ -2,9 +2,11 @@
 //! loops a weak model falls into, a note held for dozens of bars and one
 //! pitch struck over and over.
 //!
-//! The guard only speaks where the grammar has already fixed the next
-//! token's type (a Duration after a Velocity, a Pitch after a Program), so
-//! it never disturbs any other draw. Its limits are chosen from the corpus
+//! The guard only speaks where the next token's type is fixed (only
+//! Durations can follow: after a Velocity, or after a Pitch in a vocabulary
+//! without velocities) or a Pitch may come (after a Program, or after a
+//! Position, Tempo or Duration when Program tokens mark changes only), and it
+//! only removes the token ids it names, so no other draw moves. Its limits are chosen from the corpus
 //! (1,500 classical and folk pieces drawn at random, 240 k notes):
 //!
 //! - 16 quarter notes (4 bars of 4/4): 99.1% of the notes, and every note
@@ -123,45 +125,63 @@ impl GuardState {
             return Vec::new();
         }
         let allows = |id: u32| grammar.is_none_or(|g| g.allows(id));
-        match self.prev {
-            Some(TokenType::Program) if cfg.max_same_pitch > 0 => {
-                let Some((pitch, _)) = self.run().filter(|r| r.1 >= cfg.max_same_pitch) else {
-                    return Vec::new();
-                };
-                let Some(id) = vocab.id(Token::Pitch(pitch)).filter(|&id| allows(id)) else {
-                    return Vec::new();
-                };
-                // A chord's order may leave this pitch the only one allowed.
-                let other = vocab.range(TokenType::Pitch).any(|i| i != id && allows(i));
-                if other {
-                    vec![id]
-                } else {
-                    Vec::new()
-                }
+        let rc = vocab.config();
+        // Where the next token's type is fixed: with a grammar, by what it
+        // allows; without, by the previous token under the vocabulary's options
+        // (no Velocity tokens: Duration follows Pitch; Program tokens only at
+        // changes: a Pitch may follow Position, Tempo or Duration).
+        let duration_next = match grammar {
+            Some(g) => {
+                let mut types = g.allowed_types();
+                types.retain(|&t| t != TokenType::Duration);
+                types.is_empty()
             }
-            Some(TokenType::Velocity) if cfg.max_note_quarters > 0.0 => {
-                let ppq = vocab.config().positions_per_quarter as f64;
-                let limit = (cfg.max_note_quarters * ppq).round() as u32;
-                let range = vocab.range(TokenType::Duration);
-                let allowed: Vec<(u32, u32)> = range
-                    .clone()
-                    .zip(vocab.durations())
-                    .filter(|&(id, _)| allows(id))
-                    .map(|(id, &steps)| (id, steps))
-                    .collect();
-                let mut banned: Vec<u32> = allowed
-                    .iter()
-                    .filter(|&&(_, steps)| steps > limit)
-                    .map(|&(id, _)| id)
-                    .collect();
-                if banned.len() == allowed.len() {
-                    // Nothing short enough is allowed: keep the shortest.
-                    banned.retain(|&id| Some(&id) != allowed.first().map(|(i, _)| i));
-                }
-                banned
+            None => match self.prev {
+                Some(TokenType::Velocity) => true,
+                Some(TokenType::Pitch) => !rc.velocities,
+                _ => false,
+            },
+        };
+        let pitch_next = match self.prev {
+            Some(TokenType::Program) => true,
+            Some(TokenType::Position | TokenType::Tempo | TokenType::Duration) => {
+                rc.program_changes
             }
-            _ => Vec::new(),
+            _ => false,
+        };
+        if pitch_next && cfg.max_same_pitch > 0 {
+            let Some((pitch, _)) = self.run().filter(|r| r.1 >= cfg.max_same_pitch) else {
+                return Vec::new();
+            };
+            let Some(id) = vocab.id(Token::Pitch(pitch)).filter(|&id| allows(id)) else {
+                return Vec::new();
+            };
+            // A chord's order may leave this pitch the only one allowed.
+            let other = vocab.range(TokenType::Pitch).any(|i| i != id && allows(i));
+            return if other { vec![id] } else { Vec::new() };
         }
+        if duration_next && cfg.max_note_quarters > 0.0 {
+            let ppq = vocab.config().positions_per_quarter as f64;
+            let limit = (cfg.max_note_quarters * ppq).round() as u32;
+            let range = vocab.range(TokenType::Duration);
+            let allowed: Vec<(u32, u32)> = range
+                .clone()
+                .zip(vocab.durations())
+                .filter(|&(id, _)| allows(id))
+                .map(|(id, &steps)| (id, steps))
+                .collect();
+            let mut banned: Vec<u32> = allowed
+                .iter()
+                .filter(|&&(_, steps)| steps > limit)
+                .map(|&(id, _)| id)
+                .collect();
+            if banned.len() == allowed.len() {
+                // Nothing short enough is allowed: keep the shortest.
+                banned.retain(|&id| Some(&id) != allowed.first().map(|(i, _)| i));
+            }
+            return banned;
+        }
+        Vec::new()
     }
 }
 
@@ -226,6 +246,52 @@ mod tests {
             ..cfg.clone()
         };
         assert!(s.bans(&no_limit, &v, Some(&g)).is_empty());
+    }
+
+    #[test]
+    fn guards_the_compact_vocabulary_too() {
+        // Program tokens only at changes and no Velocity: a Pitch follows a
+        // Position, a Duration follows a Pitch.
+        let v = Vocab::new(RemiConfig {
+            program_changes: true,
+            velocities: false,
+            ..RemiConfig::default()
+        })
+        .unwrap();
+        let cfg = GuardConfig::default();
+        let mut ids = vec![BOS_ID, BAR_ID];
+        for i in 0..8u16 {
+            ids.push(v.id(Token::Position(i * 3)).unwrap());
+            if i == 0 {
+                ids.push(v.id(Token::Program(0)).unwrap());
+            }
+            ids.push(v.id(Token::Pitch(67)).unwrap());
+            ids.push(v.id(Token::Duration(2)).unwrap());
+        }
+        ids.push(v.id(Token::Position(30)).unwrap());
+        let (s, g) = state_and_grammar(&v, &ids);
+        assert_eq!(s.run(), Some((67, 8)));
+        assert_eq!(
+            s.bans(&cfg, &v, Some(&g)),
+            vec![v.id(Token::Pitch(67)).unwrap()]
+        );
+        assert_eq!(
+            s.bans(&cfg, &v, None),
+            vec![v.id(Token::Pitch(67)).unwrap()]
+        );
+        // After a Pitch only Durations may follow: the long ones are masked.
+        ids.push(v.id(Token::Pitch(64)).unwrap());
+        let (s, g) = state_and_grammar(&v, &ids);
+        let limit = 16 * v.config().positions_per_quarter;
+        let long: Vec<u32> = v
+            .range(TokenType::Duration)
+            .zip(v.durations())
+            .filter(|&(_, &steps)| steps > limit)
+            .map(|(id, _)| id)
+            .collect();
+        assert!(!long.is_empty());
+        assert_eq!(s.bans(&cfg, &v, Some(&g)), long);
+        assert_eq!(s.bans(&cfg, &v, None), long);
     }
 
     #[test]

@@ -7,8 +7,8 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
 use super::checkpoint::{self, LoadedModel};
-use crate::eval::GroupedMetrics;
 use super::data;
+use crate::eval::GroupedMetrics;
 use crate::tokenizer::dataset::Dataset;
 
 #[derive(Debug, Clone)]
@@ -85,16 +85,11 @@ pub fn spread<T>(items: Vec<T>, n: usize) -> Vec<T> {
 
 /// The pieces to evaluate: the run's held-out split of its own dataset, or
 /// every piece of another dataset, or MIDI files tokenized on the fly.
-pub fn eval_pieces(
-    data: &[PathBuf],
-    m: &LoadedModel,
-) -> Result<(String, Vec<data::PieceTokens>)> {
+pub fn eval_pieces(data: &[PathBuf], m: &LoadedModel) -> Result<(String, Vec<data::PieceTokens>)> {
     let own = PathBuf::from(&m.config.dataset);
     let single = match data {
         [] => Some(own.clone()),
-        [one] if one.join(crate::tokenizer::dataset::MANIFEST_FILE).is_file() => {
-            Some(one.clone())
-        }
+        [one] if one.join(crate::tokenizer::dataset::MANIFEST_FILE).is_file() => Some(one.clone()),
         _ => None,
     };
     if let Some(path) = single {

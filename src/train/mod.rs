@@ -363,11 +363,18 @@ pub fn export_probe(o: &TrainOptions, out: &Path) -> Result<()> {
     let tc = &cfg.train;
     let data = o.data.as_ref().context("--data is required")?;
     if !data.join(dataset::MANIFEST_FILE).is_file() {
-        bail!("{}: export needs a dataset made by `cadenza tokenize`", data.display());
+        bail!(
+            "{}: export needs a dataset made by `cadenza tokenize`",
+            data.display()
+        );
     }
     let ds = Dataset::open(data)?;
     if ds.vocab.hash() != vocab.hash() {
-        bail!("dataset {} has another vocabulary than {}", data.display(), vocab.hash());
+        bail!(
+            "dataset {} has another vocabulary than {}",
+            data.display(),
+            vocab.hash()
+        );
     }
     if out.exists() {
         bail!("{} exists; choose a new folder", out.display());

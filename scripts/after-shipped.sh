@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Ships a finished run as models/cadenza-small and measures it: per-type
+# evaluation, continuations of held-out pieces, 3,072-token pieces against
+# real ones. Results under docs/shipped/. Usage:
+#   bash scripts/after-shipped.sh [RUN_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+run=${1:-runs/shipped}
+bin=target/release/cadenza
+model=models/cadenza-small
+out=docs/shipped
+mkdir -p $out out/gen
+rm -f $model/*.safetensors $model/state.json
+bash scripts/ship-model.sh "$run" $model
+data=$(python3 -c "import json,sys; print(json.load(open('$model/config.json'))['dataset'])")
+$bin eval --model $model --max-len 1024 --bin 128 --json $out/eval.json --png $out/eval.png > $out/eval.txt
+$bin continue-eval --model $model --pieces 150 --prompt-bars 4 --bars 8 --seed 1 \
+  --json $out/continuation.json > $out/continuation.txt
+rm -rf out/gen && mkdir -p out/gen
+$bin generate --model $model --tokens 3072 --num-samples 8 --seed 7 -o out/gen/sample.mid > $out/generate.txt
+$bin stats out/gen --real "$data" --markdown $out/generated-stats.md > $out/stats.txt
+echo "after-shipped: done"
