@@ -235,8 +235,11 @@ pub fn score_window(
             .bitwise_right_shift(&table.classes.unsqueeze(0))
             .bitwise_and(1)
             .to_kind(Kind::Float); // (n-1, P)
+
+        // The pitch total is clamped: a model sure of a non-pitch token can underflow it.
         let mass = (&pp * inside).sum_dim_intlist([-1i64].as_slice(), false, None)
-            / pp.sum_dim_intlist([-1i64].as_slice(), false, None);
+            / pp.sum_dim_intlist([-1i64].as_slice(), false, None)
+                .clamp_min(1e-30);
         let nll = Vec::<f32>::try_from(nll).unwrap_or_default();
         let top1 = Vec::<bool>::try_from(top1).unwrap_or_default();
         let mass = Vec::<f32>::try_from(mass).unwrap_or_default();
