@@ -60,6 +60,8 @@ fn shipped_model_generates_plausible_music() {
         stats.notes_per_bar
     );
     assert!(stats.empty_bar_share < 0.3, "{stats:?}");
+    // It holds a key (the first model, which ignored its context, was at 0.64).
+    assert!(stats.scale_consistency > 0.85, "{stats:?}");
     // Rhythm like the corpus's: bars mostly repeat their onset patterns.
     assert!(stats.grooving_similarity > 0.8, "{stats:?}");
     // The grammar stepped in for a minority of draws (the card says ~13%).
