@@ -103,9 +103,9 @@ plays. Every figure below comes from `scripts/after-shipped.sh` (files under
 The loss curve is `loss.png`; the per-step log `metrics.jsonl`.
 
 How this one was trained: `STEPS=8200 bash scripts/train-shipped.sh`, one
-cosine schedule over 8,200 steps, stopped by SIGTERM after 90 minutes at step
-{last:,} (learning rate 6.7e-5, the floor is 5e-5; `--resume` finishes the
-same schedule exactly). Between steps 300 and 700 a compile and the test suite
+cosine schedule over 8,200 steps: stopped by SIGTERM after 90 minutes at step
+7,607, then `--resume` finished the same schedule exactly (to step {last:,},
+6 more minutes). Between steps 300 and 700 a compile and the test suite
 ran beside it for about five minutes (one core), slowing those steps; nothing
 else ran.
 
