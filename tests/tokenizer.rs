@@ -518,13 +518,11 @@ fn default_vocabulary_hash_and_ids_are_unchanged_by_the_options() {
     for key in ["program_changes", "velocities", "default_velocity"] {
         assert!(!json.contains(key), "{json}");
     }
-    for path in ["vocab/remi-default.json", "models/cadenza-small/vocab.json"] {
-        let file = Vocab::load(std::path::Path::new(path)).unwrap();
-        assert_eq!(file.hash(), DEFAULT_VOCAB_HASH, "{path}");
-        assert_eq!(file.config(), &RemiConfig::default(), "{path}");
-        for id in 0..v.len() as u32 {
-            assert_eq!(file.string(id), v.string(id));
-        }
+    let file = Vocab::load(std::path::Path::new("vocab/remi-default.json")).unwrap();
+    assert_eq!(file.hash(), DEFAULT_VOCAB_HASH);
+    assert_eq!(file.config(), &RemiConfig::default());
+    for id in 0..v.len() as u32 {
+        assert_eq!(file.string(id), v.string(id));
     }
     // Setting an option to its default value changes nothing.
     assert_eq!(option_vocabs()[1].hash(), DEFAULT_VOCAB_HASH);
@@ -554,6 +552,8 @@ fn option_vocabularies_differ_and_round_trip_through_their_files() {
     }
     for (path, which) in [
         ("vocab/remi-compact.json", 2),
+        // The shipped model is trained on the compact vocabulary.
+        ("models/cadenza-small/vocab.json", 2),
         ("vocab/remi-program-changes.json", 3),
     ] {
         let file = Vocab::load(std::path::Path::new(path)).unwrap();
