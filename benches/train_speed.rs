@@ -4,6 +4,7 @@
 //! ```text
 //! cargo bench --bench train_speed -- --len 512 --batch 8 [--steps 3] [--threads 2]
 //!     [--preset small] [--vocab 845] [--attention favor|softmax] [--positional spe-sine]
+//!     [--chunk C]
 //! ```
 //!
 //! One step is what `cadenza train` does per batch: forward, mean
@@ -28,6 +29,8 @@ struct Opts {
     vocab: i64,
     attention: String,
     positional: String,
+    /// FAVOR+ chunk size (0 = the preset's).
+    chunk: i64,
 }
 
 fn parse() -> Opts {
@@ -40,6 +43,7 @@ fn parse() -> Opts {
         vocab: 845,
         attention: "favor".into(),
         positional: "spe-sine".into(),
+        chunk: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -63,6 +67,7 @@ fn parse() -> Opts {
             "--vocab" => o.vocab = num(val),
             "--attention" => o.attention = val.clone(),
             "--positional" => o.positional = val.clone(),
+            "--chunk" => o.chunk = num(val),
             _ => panic!("unknown option {key}"),
         }
         i += 2;
@@ -89,6 +94,9 @@ fn main() {
         .unwrap();
     if o.attention == "softmax" {
         cfg.attention = AttentionKind::Softmax;
+    }
+    if o.chunk > 0 {
+        cfg.chunk_size = o.chunk;
     }
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Transformer::new(&vs.root(), &cfg).unwrap();
