@@ -8,10 +8,12 @@
 //! - [`train`]: batches, the optimizer, checkpoints, runs;
 //! - [`eval`]: what a model learned, per token type and pitch context;
 //! - [`sample`]: generation and statistics of pieces;
-//! - [`render`]: WAV and pictures.
+//! - [`render`]: WAV and pictures;
+//! - [`limits`]: what one input may cost (sizes, lengths, regular files only).
 
 pub mod cli;
 pub mod eval;
+pub mod limits;
 pub mod midi;
 pub mod model;
 pub mod render;
