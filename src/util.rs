@@ -46,6 +46,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     written
 }
 
+thread_local! {
+    static QUIET_PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic inside it (a third-party library failing on
+/// corrupt data) into `Err(message)`. The panic is not printed: the caller
+/// reports it as an error that names the file.
+pub fn catch_panic<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET_PANICS.with(|q| q.get()) {
+                previous(info);
+            }
+        }));
+    });
+    let was = QUIET_PANICS.with(|q| q.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET_PANICS.with(|q| q.set(was));
+    r.map_err(|e| {
+        e.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| e.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into())
+    })
+}
+
 /// Whether process `pid` is alive (Linux `/proc`); `None` where unknown.
 pub fn pid_alive(pid: u32) -> Option<bool> {
     if !Path::new("/proc/self").exists() {

@@ -192,7 +192,25 @@ impl ChannelAllocator {
 /// the end of the last note plus `opts.tail_seconds`; an empty score gives
 /// `tail_seconds` of silence. Drums play on channel 9 (standard kit, or the
 /// drum notes' `program` as kit number).
+///
+/// A corrupt SoundFont can make `rustysynth` panic (an index out of bounds
+/// in its preset or sample data); that panic is caught here and becomes an
+/// error naming the `.sf2`, never a crash.
 pub fn render_samples(
+    score: &Score,
+    soundfont: &Path,
+    opts: &RenderOptions,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    match crate::util::catch_panic(|| render_samples_unguarded(score, soundfont, opts)) {
+        Ok(r) => r,
+        Err(msg) => bail!(
+            "{}: corrupt or unsupported SoundFont (the synthesizer failed: {msg})",
+            soundfont.display()
+        ),
+    }
+}
+
+fn render_samples_unguarded(
     score: &Score,
     soundfont: &Path,
     opts: &RenderOptions,

@@ -1,0 +1,494 @@
+//! Hostile input and concurrent use (issue 11): every case builds its input
+//! here, and every command that could hang runs as a child process with a
+//! deadline (killed and failed when it passes).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cadenza::midi;
+use cadenza::tokenizer::{dataset, Vocab};
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cadenza"))
+}
+
+/// Output of one run of the binary.
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+    secs: f64,
+}
+
+impl Run {
+    fn all(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+/// Runs `cadenza ARGS` with a deadline: past it the child is killed and the
+/// test fails (a hang is a failure, never a stuck test run).
+fn run_limited(args: &[&str], deadline_s: f64) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let (out_p, err_p) = (dir.path().join("out"), dir.path().join("err"));
+    let t0 = Instant::now();
+    let mut child = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_p).unwrap())
+        .stderr(std::fs::File::create(&err_p).unwrap())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed().as_secs_f64() > deadline_s {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("cadenza {args:?} still ran after {deadline_s} s: killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Run {
+        code: status.code().unwrap_or(-1),
+        stdout: std::fs::read_to_string(out_p).unwrap_or_default(),
+        stderr: std::fs::read_to_string(err_p).unwrap_or_default(),
+        secs: t0.elapsed().as_secs_f64(),
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A variable-length quantity as MIDI writes delta times.
+fn vlq(mut v: u32) -> Vec<u8> {
+    let mut out = vec![(v & 0x7f) as u8];
+    v >>= 7;
+    while v > 0 {
+        out.insert(0, (v & 0x7f) as u8 | 0x80);
+        v >>= 7;
+    }
+    out
+}
+
+/// A format-0 SMF from (delta, event bytes) pairs; EndOfTrack is added.
+fn smf(division: u16, events: &[(u32, Vec<u8>)]) -> Vec<u8> {
+    let mut track = Vec::new();
+    for (d, e) in events {
+        track.extend(vlq(*d));
+        track.extend(e);
+    }
+    track.extend([0, 0xff, 0x2f, 0]);
+    let mut out = b"MThd".to_vec();
+    out.extend(6u32.to_be_bytes());
+    out.extend(0u16.to_be_bytes());
+    out.extend(1u16.to_be_bytes());
+    out.extend(division.to_be_bytes());
+    out.extend(b"MTrk");
+    out.extend((track.len() as u32).to_be_bytes());
+    out.extend(track);
+    out
+}
+
+/// `n` notes, each after a gap of `delta` ticks.
+fn notes_after_gaps(n: usize, delta: u32, division: u16) -> Vec<u8> {
+    let mut ev = Vec::new();
+    for _ in 0..n {
+        ev.push((delta, vec![0x90, 60, 80]));
+        ev.push((1, vec![0x80, 60, 0]));
+    }
+    smf(division, &ev)
+}
+
+/// A small ordinary piece: a C major scale at 480 ticks per quarter.
+fn scale_bytes() -> Vec<u8> {
+    let mut ev = Vec::new();
+    for (i, p) in [60u8, 62, 64, 65, 67, 69, 71, 72].iter().enumerate() {
+        ev.push((if i == 0 { 0 } else { 0 }, vec![0x90, *p, 80]));
+        ev.push((480, vec![0x80, *p, 0]));
+    }
+    smf(480, &ev)
+}
+
+// ---------------------------------------------------------------- limits
+
+#[test]
+fn huge_delta_file_is_refused_fast_by_every_reader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("gaps.mid");
+    std::fs::write(&f, notes_after_gaps(2000, 0x0fff_ffff, 1)).unwrap();
+    for cmd in ["inspect", "encode"] {
+        let r = run_limited(&[cmd, s(&f)], 20.0);
+        assert_eq!(r.code, 1, "{cmd}: {}", r.all());
+        assert!(r.stderr.contains("gaps.mid"), "{cmd}: {}", r.stderr);
+        assert!(r.stderr.contains("--max-quarters"), "{cmd}: {}", r.stderr);
+        assert!(r.secs < 10.0, "{cmd} took {} s", r.secs);
+    }
+    // In a folder with a good file: the bad one is skipped, the rest tokenized.
+    let dir = tmp.path().join("in");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(&f, dir.join("gaps.mid")).unwrap();
+    std::fs::write(dir.join("good.mid"), scale_bytes()).unwrap();
+    let out = tmp.path().join("ds");
+    let r = run_limited(&["tokenize", s(&dir), "-o", s(&out)], 20.0);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert!(r.all().contains("skipped"), "{}", r.all());
+    let ds = dataset::Dataset::open(&out).unwrap();
+    assert_eq!(ds.pieces.len(), 1);
+    // The library refuses one such note alone, and the limit can be raised.
+    let one = notes_after_gaps(1, 0x0fff_ffff, 1);
+    let e = midi::parse(&one).unwrap_err();
+    assert!(e.contains("quarter notes"), "{e}");
+    let raised = midi::Limits {
+        max_quarters: u64::MAX,
+        ..Default::default()
+    };
+    assert!(midi::parse_with(&one, &raised).is_ok());
+}
+
+#[test]
+fn token_and_event_limits_are_enforced_with_their_flags() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("scale.mid");
+    std::fs::write(&f, scale_bytes()).unwrap();
+    let r = run_limited(&["encode", s(&f), "--max-tokens", "5"], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("--max-tokens") && r.stderr.contains("scale.mid"));
+    let r = run_limited(&["encode", s(&f), "--max-events", "3"], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("--max-events") && r.stderr.contains("scale.mid"));
+    let r = run_limited(&["encode", s(&f), "--max-file-mb", "0"], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("--max-file-mb") && r.stderr.contains("scale.mid"));
+    let r = run_limited(&["encode", s(&f)], 20.0);
+    assert_eq!(r.code, 0, "{}", r.all());
+}
+
+#[test]
+fn devices_are_refused_without_reading_them() {
+    for dev in ["/dev/zero", "/dev/urandom"] {
+        if !Path::new(dev).exists() {
+            println!("skipped {dev}: not present");
+            continue;
+        }
+        for cmd in ["encode", "inspect"] {
+            let r = run_limited(&[cmd, dev], 10.0);
+            assert_eq!(r.code, 1, "{}", r.all());
+            assert!(
+                r.stderr.contains(dev) && r.stderr.contains("character device"),
+                "{}",
+                r.stderr
+            );
+        }
+    }
+}
+
+fn mkfifo(p: &Path) -> bool {
+    Command::new("mkfifo")
+        .arg(p)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+#[test]
+fn fifo_in_a_folder_is_skipped_never_opened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("in");
+    std::fs::create_dir(&dir).unwrap();
+    if !mkfifo(&dir.join("pipe.mid")) {
+        println!("skipped: mkfifo is not available");
+        return;
+    }
+    std::fs::write(dir.join("good.mid"), scale_bytes()).unwrap();
+    let out = tmp.path().join("ds");
+    let r = run_limited(&["tokenize", s(&dir), "-o", s(&out)], 20.0);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert!(
+        r.stderr.contains("pipe.mid") && r.stderr.contains("FIFO"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(dataset::Dataset::open(&out).unwrap().pieces.len(), 1);
+    // Given directly, and to encode: refused, not blocked on.
+    let r = run_limited(&["encode", s(&dir.join("pipe.mid"))], 10.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("FIFO"), "{}", r.stderr);
+}
+
+#[test]
+fn tokenize_with_only_bad_inputs_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("in");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("junk.mid"), b"not a midi file at all").unwrap();
+    std::fs::write(dir.join("empty.mid"), smf(480, &[])).unwrap();
+    let out = tmp.path().join("ds");
+    let r = run_limited(&["tokenize", s(&dir), "-o", s(&out)], 20.0);
+    assert_ne!(r.code, 0, "{}", r.all());
+    assert!(r.stderr.contains("junk.mid") && r.stderr.contains("empty.mid"));
+    assert!(!out.join(dataset::MANIFEST_FILE).exists());
+}
+
+#[test]
+fn division_zero_is_reported() {
+    let bytes = smf(0, &[(0, vec![0x90, 60, 80]), (4, vec![0x80, 60, 0])]);
+    let (_, report) = midi::parse(&bytes).unwrap();
+    assert!(report.zero_division);
+    assert!(report
+        .warnings()
+        .iter()
+        .any(|w| w.contains("0 ticks per quarter")));
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("div0.mid");
+    std::fs::write(&f, &bytes).unwrap();
+    let r = run_limited(&["encode", s(&f)], 20.0);
+    assert_eq!(r.code, 0);
+    assert!(r.stderr.contains("div0.mid") && r.stderr.contains("0 ticks per quarter"));
+}
+
+// ---------------------------------------------------------------- outputs
+
+#[test]
+fn tokenize_never_replaces_a_dataset_or_run_without_force() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("in");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("a.mid"), scale_bytes()).unwrap();
+    std::fs::write(dir.join("b.mid"), scale_bytes()).unwrap();
+    let out = tmp.path().join("ds");
+    let r = run_limited(&["tokenize", s(&dir), "-o", s(&out)], 20.0);
+    assert_eq!(r.code, 0, "{}", r.all());
+    let one = tmp.path().join("one.mid");
+    std::fs::write(&one, scale_bytes()).unwrap();
+    let r = run_limited(&["tokenize", s(&one), "-o", s(&out)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(
+        r.stderr.contains("holds a dataset of 2 pieces") && r.stderr.contains("--force"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(dataset::Dataset::open(&out).unwrap().pieces.len(), 2);
+    let r = run_limited(&["tokenize", s(&one), "-o", s(&out), "--force"], 20.0);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert_eq!(dataset::Dataset::open(&out).unwrap().pieces.len(), 1);
+
+    // A run folder keeps its vocabulary.
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::write(run.join("config.json"), "{}").unwrap();
+    std::fs::write(run.join("vocab.json"), "original").unwrap();
+    let r = run_limited(&["tokenize", s(&one), "-o", s(&run)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("run folder"), "{}", r.stderr);
+    assert_eq!(
+        std::fs::read_to_string(run.join("vocab.json")).unwrap(),
+        "original"
+    );
+}
+
+#[test]
+fn decode_and_render_never_write_over_their_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mid = tmp.path().join("p.mid");
+    std::fs::write(&mid, scale_bytes()).unwrap();
+    let r = run_limited(&["encode", s(&mid)], 20.0);
+    let t = tmp.path().join("t.txt");
+    std::fs::write(&t, &r.stdout).unwrap();
+    let r = run_limited(&["decode", s(&t), "-o", s(&t)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("refusing to overwrite"), "{}", r.stderr);
+    assert!(std::fs::read_to_string(&t).unwrap().starts_with("Bar"));
+    // Through another spelling of the same path, and through a hard link.
+    let other = format!("{}/../{}/t.txt", s(tmp.path()), {
+        tmp.path().file_name().unwrap().to_str().unwrap()
+    });
+    let r = run_limited(&["decode", s(&t), "-o", &other], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    let link = tmp.path().join("link.txt");
+    std::fs::hard_link(&t, &link).unwrap();
+    let r = run_limited(&["decode", s(&t), "-o", s(&link)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    // render -o onto its input MIDI, and --png onto -o.
+    let r = run_limited(&["render", s(&mid), "-o", s(&mid)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    let wav = tmp.path().join("x.wav");
+    let r = run_limited(&["render", s(&mid), "-o", s(&wav), "--png", s(&wav)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("same file"), "{}", r.stderr);
+    assert_eq!(std::fs::read(&mid).unwrap(), scale_bytes());
+}
+
+#[test]
+fn failed_atomic_write_leaves_no_temporary_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("folder");
+    std::fs::create_dir(&target).unwrap();
+    let e = cadenza::util::write_atomic(&target, b"x").unwrap_err();
+    assert!(format!("{e:#}").contains("is a folder"), "{e:#}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    // Stale temporary files of a dead process are cleaned; ours and live
+    // processes' are kept.
+    let dead = dead_pid();
+    let stale_file = tmp.path().join(format!(".metrics.jsonl.{dead}.tmp"));
+    let stale_dir = tmp.path().join(format!(".checkpoint.tmp-{dead}"));
+    let mine = tmp
+        .path()
+        .join(format!(".x.{}.tmp", std::process::id()));
+    std::fs::write(&stale_file, b"x").unwrap();
+    std::fs::create_dir(&stale_dir).unwrap();
+    std::fs::write(stale_dir.join("model.safetensors"), b"x").unwrap();
+    std::fs::write(&mine, b"x").unwrap();
+    let removed = cadenza::util::clean_stale_temps(tmp.path());
+    assert_eq!(removed.len(), 2, "{removed:?}");
+    assert!(!stale_file.exists() && !stale_dir.exists() && mine.exists());
+}
+
+/// The pid of a process that has exited.
+fn dead_pid() -> u32 {
+    let mut c = Command::new("true").spawn().unwrap();
+    let pid = c.id();
+    c.wait().unwrap();
+    pid
+}
+
+// ---------------------------------------------------------------- panics
+
+/// Byte range of the `pdta` (preset data) list of an SF2 file.
+fn pdta_range(sf2: &[u8]) -> Option<(usize, usize)> {
+    let at = sf2.windows(4).position(|w| w == b"pdta")?;
+    // "LIST" <len> "pdta": the length is the 4 bytes before the tag.
+    let len = u32::from_le_bytes(sf2[at - 4..at].try_into().ok()?) as usize;
+    Some((at + 4, (at + len).min(sf2.len())))
+}
+
+#[test]
+fn corrupt_soundfont_is_an_error_naming_it_never_a_panic() {
+    let Some(sf) = cadenza::render::KNOWN_SOUNDFONTS
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+    else {
+        println!("skipped: no SoundFont installed");
+        return;
+    };
+    let good = std::fs::read(sf).unwrap();
+    let Some((lo, hi)) = pdta_range(&good) else {
+        println!("skipped: {} has no pdta chunk", sf.display());
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (score, _) = midi::parse(&scale_bytes()).unwrap();
+    let opts = cadenza::render::RenderOptions {
+        tail_seconds: 0.1,
+        ..Default::default()
+    };
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut errors, mut crashed_before) = (0, 0);
+    for k in 0..24 {
+        let mut bad = good.clone();
+        for _ in 0..30 {
+            let at = lo + (next() as usize) % (hi - lo);
+            bad[at] = next() as u8;
+        }
+        let p = tmp.path().join(format!("mutant{k}.sf2"));
+        std::fs::write(&p, &bad).unwrap();
+        // Would rustysynth itself panic on this mutant?
+        let raw = std::panic::catch_unwind(|| {
+            let f = std::fs::File::open(&p).unwrap();
+            let sf = rustysynth::SoundFont::new(&mut std::io::BufReader::new(f));
+            if let Ok(sf) = sf {
+                let sf = std::sync::Arc::new(sf);
+                let st = rustysynth::SynthesizerSettings::new(44_100);
+                if let Ok(mut syn) = rustysynth::Synthesizer::new(&sf, &st) {
+                    for prog in 0..128 {
+                        syn.process_midi_message(0, 0xC0, prog, 0);
+                        syn.note_on(0, 60, 100);
+                        let (mut l, mut r) = (vec![0f32; 64], vec![0f32; 64]);
+                        syn.render(&mut l, &mut r);
+                        syn.note_off_all(true);
+                    }
+                }
+            }
+        });
+        crashed_before += raw.is_err() as usize;
+        match cadenza::render::render_samples(&score, &p, &opts) {
+            Ok(_) => {}
+            Err(e) => {
+                let msg = format!("{e:#}");
+                assert!(msg.contains(&format!("mutant{k}.sf2")), "{msg}");
+                errors += 1;
+            }
+        }
+    }
+    println!("24 mutants: {crashed_before} make rustysynth panic, {errors} refused with an error");
+    // The command line: an error naming the .sf2, exit status 1, never 101.
+    let mid = tmp.path().join("p.mid");
+    std::fs::write(&mid, scale_bytes()).unwrap();
+    for k in 0..24 {
+        let p = tmp.path().join(format!("mutant{k}.sf2"));
+        let wav = tmp.path().join("o.wav");
+        let r = run_limited(
+            &["render", s(&mid), "-o", s(&wav), "--soundfont", s(&p)],
+            60.0,
+        );
+        assert!(r.code == 0 || r.code == 1, "mutant{k}: {}", r.all());
+        assert!(!r.stderr.contains("panicked"), "mutant{k}: {}", r.stderr);
+        if r.code == 1 {
+            assert!(r.stderr.contains(&format!("mutant{k}.sf2")), "{}", r.stderr);
+        }
+    }
+}
+
+/// A dataset of the scale, with `tokens.bin` patched to hold `id` once.
+fn dataset_with_id(dir: &Path, id: u16) -> PathBuf {
+    let mdir = dir.join("m");
+    std::fs::create_dir_all(&mdir).unwrap();
+    std::fs::write(mdir.join("a.mid"), scale_bytes()).unwrap();
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let files = dataset::collect_midi_files(&[mdir]).unwrap();
+    let results = dataset::tokenize_files(&files, &vocab, &|| {});
+    let out = dir.join("ds");
+    dataset::write_dataset(&out, &vocab, &files, results).unwrap();
+    let bin = out.join(dataset::TOKENS_FILE);
+    let mut bytes = std::fs::read(&bin).unwrap();
+    bytes[4..6].copy_from_slice(&id.to_le_bytes());
+    std::fs::write(&bin, bytes).unwrap();
+    out
+}
+
+#[test]
+fn dataset_ids_outside_the_vocabulary_are_refused_naming_tokens_bin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let ds = dataset_with_id(tmp.path(), vocab.len() as u16);
+    let e = dataset::Dataset::open(&ds).err().expect("refused");
+    let msg = format!("{e:#}");
+    assert!(msg.contains("tokens.bin") && msg.contains("outside the vocabulary"), "{msg}");
+    // stats (and train, below) go through Dataset::open.
+    let mid = tmp.path().join("g.mid");
+    std::fs::write(&mid, scale_bytes()).unwrap();
+    let r = run_limited(&["stats", s(&mid), "--real", s(&ds)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("tokens.bin"), "{}", r.stderr);
+    let run = tmp.path().join("run");
+    let r = run_limited(
+        &[
+            "train", "--data", s(&ds), "-o", s(&run), "--preset", "tiny", "--steps", "2",
+            "--seq-len", "16", "--batch", "2", "--device", "cpu", "--threads", "1",
+        ],
+        60.0,
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("tokens.bin"), "{}", r.stderr);
+}
