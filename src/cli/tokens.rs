@@ -300,7 +300,10 @@ pub fn vocab(a: VocabArgs) -> Result<i32> {
         }
         None => tokenizer::RemiConfig::default(),
     };
-    let v = tokenizer::Vocab::new(config)?;
+    let v = tokenizer::Vocab::new(config).with_context(|| match &a.config {
+        Some(p) => format!("{}: bad tokenizer config", p.display()),
+        None => "bad default tokenizer config".to_string(),
+    })?;
     v.save(&a.output)?;
     println!(
         "wrote {} ({} tokens, hash {})",
