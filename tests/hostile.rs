@@ -492,3 +492,265 @@ fn dataset_ids_outside_the_vocabulary_are_refused_naming_tokens_bin() {
     assert_eq!(r.code, 1, "{}", r.all());
     assert!(r.stderr.contains("tokens.bin"), "{}", r.stderr);
 }
+
+// ---------------------------------------------------------------- runs and models
+
+/// libtorch's random generator is global to the process: tests that train
+/// in this process take turns.
+static TORCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn torch() -> std::sync::MutexGuard<'static, ()> {
+    TORCH.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A dataset of a few scales in different keys.
+fn scales_dataset(dir: &Path) -> PathBuf {
+    let mdir = dir.join("scales");
+    std::fs::create_dir_all(&mdir).unwrap();
+    for k in 0..6u8 {
+        let mut sc = midi::Score::new(480);
+        for i in 0..32u64 {
+            sc.notes.push(midi::Note {
+                start: i * 240,
+                duration: 240,
+                pitch: 48 + k + [0u8, 2, 4, 5, 7, 9, 11, 12][(i % 8) as usize],
+                velocity: 80,
+                program: 0,
+                channel: 0,
+                is_drum: false,
+            });
+        }
+        midi::write_file(&sc, &mdir.join(format!("s{k}.mid"))).unwrap();
+    }
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let files = dataset::collect_midi_files(&[mdir]).unwrap();
+    let results = dataset::tokenize_files(&files, &vocab, &|| {});
+    let out = dir.join("data");
+    dataset::write_dataset(&out, &vocab, &files, results).unwrap();
+    out
+}
+
+fn tiny_opts(run: &Path, data: &Path) -> cadenza::train::TrainOptions {
+    cadenza::train::TrainOptions {
+        run_dir: run.to_path_buf(),
+        data: Some(data.to_path_buf()),
+        preset: Some("tiny".into()),
+        steps: Some(2),
+        seq_len: Some(16),
+        batch: Some(2),
+        seed: Some(1),
+        device: Some("cpu".into()),
+        threads: Some(1),
+        ..Default::default()
+    }
+}
+
+/// A trained 2-step tiny run and its dataset.
+fn tiny_run(dir: &Path) -> (PathBuf, PathBuf) {
+    let data = scales_dataset(dir);
+    let run = dir.join("run");
+    cadenza::train::train(&tiny_opts(&run, &data)).unwrap();
+    (run, data)
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+fn edit_config(run: &Path, f: impl Fn(&mut serde_json::Value)) {
+    let p = run.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+fn load_err(run: &Path) -> String {
+    match cadenza::train::checkpoint::load_model(run, tch::Device::Cpu) {
+        Ok(_) => panic!("{} loaded", run.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn model_folders_are_checked_against_their_config() {
+    let _t = torch();
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, _) = tiny_run(tmp.path());
+    assert!(cadenza::train::checkpoint::load_model(&run, tch::Device::Cpu).is_ok());
+
+    // Fewer layers in config.json than in the weights.
+    let fewer = tmp.path().join("fewer");
+    copy_dir(&run, &fewer);
+    edit_config(&fewer, |v| v["model"]["n_layers"] = 1.into());
+    let e = load_err(&fewer);
+    assert!(e.contains("2 layer(s)") && e.contains("describes 1"), "{e}");
+    assert!(e.contains("model.safetensors") && e.contains("config.json"), "{e}");
+
+    // A narrower d_model: a shape, named, never a C++ trace (CLI too).
+    let narrow = tmp.path().join("narrow");
+    copy_dir(&run, &narrow);
+    edit_config(&narrow, |v| v["model"]["d_model"] = 32.into());
+    let e = load_err(&narrow);
+    assert!(e.contains("tensor") && e.contains("d_model"), "{e}");
+    let out = tmp.path().join("g.mid");
+    let r = run_limited(
+        &["generate", "--model", s(&narrow), "-o", s(&out), "--tokens", "4", "--device", "cpu"],
+        60.0,
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(
+        r.stderr.contains("model.safetensors") && !r.stderr.contains("Exception raised"),
+        "{}",
+        r.stderr
+    );
+
+    // d_model = 0: the config's own check, naming it.
+    let zero = tmp.path().join("zero");
+    copy_dir(&run, &zero);
+    edit_config(&zero, |v| v["model"]["d_model"] = 0.into());
+    let e = load_err(&zero);
+    assert!(e.contains("config.json") && e.contains("d_model"), "{e}");
+
+    // Non-finite weights.
+    for (name, value) in [("nan", f64::NAN), ("inf", f64::INFINITY)] {
+        let bad = tmp.path().join(name);
+        copy_dir(&run, &bad);
+        let m = cadenza::train::checkpoint::load_model(&bad, tch::Device::Cpu).unwrap();
+        tch::no_grad(|| {
+            for (_, mut t) in m.vs.variables() {
+                let _ = t.fill_(value);
+            }
+        });
+        m.vs.save(m.dir.join("model.safetensors")).unwrap();
+        let e = load_err(&bad);
+        assert!(e.contains("NaN or infinite") && e.contains("model.safetensors"), "{e}");
+    }
+}
+
+#[test]
+fn resume_needs_its_checkpoint_and_features() {
+    let _t = torch();
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, data) = tiny_run(tmp.path());
+    let resume = |dir: &Path| {
+        let mut o = tiny_opts(dir, &data);
+        o.resume = true;
+        o.preset = None;
+        o.seq_len = None;
+        o.batch = None;
+        o.steps = Some(4);
+        o.extend = true;
+        cadenza::train::train(&o)
+    };
+    let no_features = tmp.path().join("nofeat");
+    copy_dir(&run, &no_features);
+    std::fs::remove_file(no_features.join("checkpoint/train_features.safetensors")).unwrap();
+    let e = format!("{:#}", resume(&no_features).err().unwrap());
+    assert!(e.contains("train_features.safetensors"), "{e}");
+
+    let no_ckpt = tmp.path().join("nockpt");
+    copy_dir(&run, &no_ckpt);
+    std::fs::remove_dir_all(no_ckpt.join("checkpoint")).unwrap();
+    let e = format!("{:#}", resume(&no_ckpt).err().unwrap());
+    assert!(e.contains("no checkpoint"), "{e}");
+    let e = format!("{:#}", resume(&tmp.path().join("absent")).err().unwrap());
+    assert!(e.contains("not a run folder"), "{e}");
+}
+
+#[test]
+fn a_run_folder_is_locked_while_a_process_trains_in_it() {
+    let _t = torch();
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, data) = tiny_run(tmp.path());
+    assert!(!run.join("train.lock").exists(), "the lock is released");
+    let resume = || {
+        let mut o = tiny_opts(&run, &data);
+        o.resume = true;
+        o.preset = None;
+        o.seq_len = None;
+        o.batch = None;
+        o.steps = Some(4);
+        o.extend = true;
+        cadenza::train::train(&o)
+    };
+    // Held by a live process: refused, naming it.
+    let mut holder = Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::write(run.join("train.lock"), format!("{}\n", holder.id())).unwrap();
+    let e = format!("{:#}", resume().err().unwrap());
+    holder.kill().ok();
+    holder.wait().ok();
+    assert!(e.contains(&format!("process {}", holder.id())), "{e}");
+    // Two runs started into one new folder: the second is refused (the CLI).
+    let fresh = tmp.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    let mut holder = Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::write(fresh.join("train.lock"), format!("{}\n", holder.id())).unwrap();
+    let r = run_limited(
+        &["train", "--data", s(&data), "-o", s(&fresh), "--preset", "tiny", "--steps", "2",
+          "--seq-len", "16", "--batch", "2", "--device", "cpu", "--threads", "1"],
+        60.0,
+    );
+    holder.kill().ok();
+    holder.wait().ok();
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("is in use"), "{}", r.stderr);
+    assert!(!fresh.join("config.json").exists());
+
+    // A stale lock and stale temporaries of a killed run: taken over, cleaned.
+    let dead = dead_pid();
+    std::fs::write(run.join("train.lock"), format!("{dead}\n")).unwrap();
+    let stale = run.join(format!(".checkpoint.tmp-{dead}"));
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("model.safetensors"), vec![0u8; 1000]).unwrap();
+    let stale_file = run.join(format!(".metrics.jsonl.{dead}.tmp"));
+    std::fs::write(&stale_file, b"{}").unwrap();
+    let s = resume().unwrap();
+    assert_eq!(s.steps_done, 4);
+    assert!(!stale.exists() && !stale_file.exists());
+    assert!(!run.join("train.lock").exists());
+}
+
+#[test]
+fn bad_training_settings_are_refused_naming_their_source() {
+    let _t = torch();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = scales_dataset(tmp.path());
+    let err = |f: &dyn Fn(&mut cadenza::train::TrainOptions)| {
+        let mut o = tiny_opts(&tmp.path().join("r"), &data);
+        f(&mut o);
+        let e = format!("{:#}", cadenza::train::train(&o).err().expect("refused"));
+        std::fs::remove_dir_all(tmp.path().join("r")).ok();
+        e
+    };
+    let e = err(&|o| o.steps = Some(0));
+    assert!(e.contains("steps must be at least 1"), "{e}");
+    let e = err(&|o| o.lr = Some(-1.0));
+    assert!(e.contains("lr must be a positive") && e.contains("command-line"), "{e}");
+    let e = err(&|o| o.seq_len = Some(1_000_000));
+    assert!(e.contains("--seq-len 1000000") && e.contains("data"), "{e}");
+    let cfg = tmp.path().join("bad.toml");
+    std::fs::write(&cfg, "[model]\nd_model = 0\n").unwrap();
+    let e = err(&|o| o.config_file = Some(cfg.clone()));
+    assert!(e.contains("bad.toml") && e.contains("d_model"), "{e}");
+    // Tokenizer configs: the file and the right reason.
+    for (text, want) in [
+        ("positions_per_quarter = 0\n", "positions_per_quarter"),
+        ("pitch_min = 90\npitch_max = 30\n", "pitch_min (90) must not be above pitch_max (30)"),
+    ] {
+        let p = tmp.path().join("tok.toml");
+        std::fs::write(&p, text).unwrap();
+        let out = tmp.path().join("v.json");
+        let r = run_limited(&["vocab", "--config", s(&p), "-o", s(&out)], 20.0);
+        assert_eq!(r.code, 1, "{}", r.all());
+        assert!(r.stderr.contains("tok.toml") && r.stderr.contains(want), "{}", r.stderr);
+    }
+}
