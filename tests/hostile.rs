@@ -754,3 +754,83 @@ fn bad_training_settings_are_refused_naming_their_source() {
         assert!(r.stderr.contains("tok.toml") && r.stderr.contains(want), "{}", r.stderr);
     }
 }
+
+#[test]
+fn generate_guards_its_inputs_outputs_and_memory() {
+    let _t = torch();
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, data) = tiny_run(tmp.path());
+    let p = tmp.path().join("p.mid");
+    std::fs::write(&p, scale_bytes()).unwrap();
+    let gen = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", s(&run), "--tokens", "8", "--device", "cpu"];
+        args.extend_from_slice(extra);
+        run_limited(&args, 60.0)
+    };
+    for extra in [
+        vec!["--prompt", s(&p), "-o", s(&p)],
+        vec!["--prompt", s(&p), "-o", s(&tmp.path().join("y.mid")), "--tokens-out", s(&p)],
+    ] {
+        let r = gen(&extra);
+        assert_eq!(r.code, 1, "{}", r.all());
+        assert!(r.stderr.contains("refusing to overwrite an input"), "{}", r.stderr);
+    }
+    let x = tmp.path().join("x");
+    let r = gen(&["-o", s(&x), "--png", s(&x)]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("same file"), "{}", r.stderr);
+    assert!(!x.exists());
+    // Numbered outputs collide too: with 2 samples both are a-1.mid, a-2.mid.
+    let a = tmp.path().join("a.mid");
+    let a1 = tmp.path().join("a-1.mid");
+    let r = gen(&["-o", s(&a), "--num-samples", "2", "--tokens-out", s(&a)]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("a-1.mid"), "{}", r.stderr);
+    assert_eq!(std::fs::read(&p).unwrap(), scale_bytes());
+
+    let r = gen(&["--prompt", s(&p), "--prompt-bars", "0", "-o", s(&a)]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("--prompt-bars 0"), "{}", r.stderr);
+
+    // 100,000 notes at one tick: refused quickly, naming the file.
+    let mut ev = Vec::new();
+    for i in 0..100_000u32 {
+        ev.push((0, vec![0x90, 21 + (i % 88) as u8, 80]));
+    }
+    ev.push((480, vec![0x80, 60, 0]));
+    let chord = tmp.path().join("chord.mid");
+    std::fs::write(&chord, smf(480, &ev)).unwrap();
+    let r = gen(&["--prompt", s(&chord), "-o", s(&a)]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(
+        r.stderr.contains("chord.mid") && r.stderr.contains("--max-prompt-tokens"),
+        "{}",
+        r.stderr
+    );
+    assert!(r.secs < 30.0, "{} s", r.secs);
+
+    let r = run_limited(
+        &["generate", "--model", s(&run), "--device", "cpu", "--num-samples", "100000",
+          "-o", s(&a), "--max-memory-mb", "2048"],
+        60.0,
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("--max-memory-mb"), "{}", r.stderr);
+    let r = gen(&["--num-samples", "2", "-o", s(&a), "--max-memory-mb", "0"]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    let r = gen(&["--num-samples", "2", "-o", s(&a)]);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert!(a1.exists());
+
+    // eval on a dataset with an id past the vocabulary: an error naming tokens.bin.
+    let bad = tmp.path().join("bad");
+    std::fs::create_dir(&bad).unwrap();
+    let bad_ds = dataset_with_id(&bad, Vocab::new(Default::default()).unwrap().len() as u16 + 7);
+    let r = run_limited(
+        &["eval", "--model", s(&run), "--data", s(&bad_ds), "--device", "cpu", "--json", s(&tmp.path().join("e.json"))],
+        60.0,
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("tokens.bin"), "{}", r.stderr);
+    let _ = data;
+}
