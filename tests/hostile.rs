@@ -834,3 +834,100 @@ fn generate_guards_its_inputs_outputs_and_memory() {
     assert!(r.stderr.contains("tokens.bin"), "{}", r.stderr);
     let _ = data;
 }
+
+// ---------------------------------------------------------------- MIDI writer
+
+/// (start tick, pitch, program) of every note-on of a MIDI file, read as
+/// players and other readers do: all tracks merged in time (ties in track
+/// order), and per channel the last program change before a note-on decides
+/// its program. Drums are reported as program 128.
+fn notes_by_channel_rule(bytes: &[u8]) -> Vec<(u64, u8, u8)> {
+    let smf = midly::Smf::parse(bytes).unwrap();
+    let mut evs = Vec::new();
+    for (ti, t) in smf.tracks.iter().enumerate() {
+        let mut tick = 0u64;
+        for (ei, e) in t.iter().enumerate() {
+            tick += e.delta.as_int() as u64;
+            evs.push((tick, ti, ei, e.kind));
+        }
+    }
+    evs.sort_by_key(|&(t, ti, ei, _)| (t, ti, ei));
+    let mut program = [0u8; 16];
+    let mut out = Vec::new();
+    for (tick, _, _, kind) in evs {
+        if let midly::TrackEventKind::Midi { channel, message } = kind {
+            let ch = channel.as_int() as usize;
+            match message {
+                midly::MidiMessage::ProgramChange { program: p } => program[ch] = p.as_int(),
+                midly::MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => out.push((
+                    tick,
+                    key.as_int(),
+                    if ch == 9 { 128 } else { program[ch] },
+                )),
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn more_than_15_programs_each_keep_their_program() {
+    // 20 programs (plus drums): in turn, then all at once (more than 15
+    // sounding together), then in overlapping pairs.
+    let mut sc = midi::Score::new(480);
+    let note = |start: u64, duration: u64, pitch: u8, program: u8| midi::Note {
+        start,
+        duration,
+        pitch,
+        velocity: 80,
+        program,
+        channel: 0,
+        is_drum: false,
+    };
+    for k in 0..20u8 {
+        sc.notes.push(note(k as u64 * 480, 480, 40 + k, k * 6));
+        sc.notes.push(note(20 * 480, 960, 40 + k, k * 6));
+        sc.notes.push(note(30 * 480 + k as u64 * 240, 480, 60 + k, k * 6));
+        sc.notes.push(note(30 * 480 + k as u64 * 240, 120, 61 + k, k * 6));
+    }
+    for i in 0..40u64 {
+        sc.notes.push(midi::Note {
+            is_drum: true,
+            channel: 9,
+            program: 0,
+            ..note(i * 480, 120, 36, 0)
+        });
+    }
+    sc.sort();
+    let bytes = midi::to_bytes(&sc).unwrap();
+    let mut want: Vec<(u64, u8, u8)> = sc
+        .notes
+        .iter()
+        .map(|n| (n.start, n.pitch, if n.is_drum { 128 } else { n.program }))
+        .collect();
+    want.sort();
+    assert_eq!(notes_by_channel_rule(&bytes), want);
+    // Our reader agrees.
+    let (back, _) = midi::parse(&bytes).unwrap();
+    let mut got: Vec<(u64, u8, u8)> = back
+        .notes
+        .iter()
+        .map(|n| (n.start, n.pitch, if n.is_drum { 128 } else { n.program }))
+        .collect();
+    got.sort();
+    assert_eq!(got, want);
+    // At most 15 programs: one channel each, as before.
+    let few: Vec<_> = sc.notes.iter().filter(|n| n.is_drum || n.program < 15 * 6).copied().collect();
+    let mut sc15 = midi::Score::new(480);
+    sc15.notes = few;
+    let bytes = midi::to_bytes(&sc15).unwrap();
+    let mut want: Vec<(u64, u8, u8)> = sc15
+        .notes
+        .iter()
+        .map(|n| (n.start, n.pitch, if n.is_drum { 128 } else { n.program }))
+        .collect();
+    want.sort();
+    assert_eq!(notes_by_channel_rule(&bytes), want);
+}
