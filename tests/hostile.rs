@@ -106,9 +106,9 @@ fn notes_after_gaps(n: usize, delta: u32, division: u16) -> Vec<u8> {
 /// A small ordinary piece: a C major scale at 480 ticks per quarter.
 fn scale_bytes() -> Vec<u8> {
     let mut ev = Vec::new();
-    for (i, p) in [60u8, 62, 64, 65, 67, 69, 71, 72].iter().enumerate() {
-        ev.push((if i == 0 { 0 } else { 0 }, vec![0x90, *p, 80]));
-        ev.push((480, vec![0x80, *p, 0]));
+    for p in [60u8, 62, 64, 65, 67, 69, 71, 72] {
+        ev.push((0, vec![0x90, p, 80]));
+        ev.push((480, vec![0x80, p, 0]));
     }
     smf(480, &ev)
 }
@@ -336,9 +336,7 @@ fn failed_atomic_write_leaves_no_temporary_file() {
     let dead = dead_pid();
     let stale_file = tmp.path().join(format!(".metrics.jsonl.{dead}.tmp"));
     let stale_dir = tmp.path().join(format!(".checkpoint.tmp-{dead}"));
-    let mine = tmp
-        .path()
-        .join(format!(".x.{}.tmp", std::process::id()));
+    let mine = tmp.path().join(format!(".x.{}.tmp", std::process::id()));
     std::fs::write(&stale_file, b"x").unwrap();
     std::fs::create_dir(&stale_dir).unwrap();
     std::fs::write(stale_dir.join("model.safetensors"), b"x").unwrap();
@@ -474,7 +472,10 @@ fn dataset_ids_outside_the_vocabulary_are_refused_naming_tokens_bin() {
     let ds = dataset_with_id(tmp.path(), vocab.len() as u16);
     let e = dataset::Dataset::open(&ds).err().expect("refused");
     let msg = format!("{e:#}");
-    assert!(msg.contains("tokens.bin") && msg.contains("outside the vocabulary"), "{msg}");
+    assert!(
+        msg.contains("tokens.bin") && msg.contains("outside the vocabulary"),
+        "{msg}"
+    );
     // stats (and train, below) go through Dataset::open.
     let mid = tmp.path().join("g.mid");
     std::fs::write(&mid, scale_bytes()).unwrap();
@@ -484,8 +485,23 @@ fn dataset_ids_outside_the_vocabulary_are_refused_naming_tokens_bin() {
     let run = tmp.path().join("run");
     let r = run_limited(
         &[
-            "train", "--data", s(&ds), "-o", s(&run), "--preset", "tiny", "--steps", "2",
-            "--seq-len", "16", "--batch", "2", "--device", "cpu", "--threads", "1",
+            "train",
+            "--data",
+            s(&ds),
+            "-o",
+            s(&run),
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch",
+            "2",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
         ],
         60.0,
     );
@@ -568,7 +584,8 @@ fn copy_dir(from: &Path, to: &Path) {
 
 fn edit_config(run: &Path, f: impl Fn(&mut serde_json::Value)) {
     let p = run.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
@@ -593,7 +610,10 @@ fn model_folders_are_checked_against_their_config() {
     edit_config(&fewer, |v| v["model"]["n_layers"] = 1.into());
     let e = load_err(&fewer);
     assert!(e.contains("2 layer(s)") && e.contains("describes 1"), "{e}");
-    assert!(e.contains("model.safetensors") && e.contains("config.json"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("config.json"),
+        "{e}"
+    );
 
     // A narrower d_model: a shape, named, never a C++ trace (CLI too).
     let narrow = tmp.path().join("narrow");
@@ -603,7 +623,17 @@ fn model_folders_are_checked_against_their_config() {
     assert!(e.contains("tensor") && e.contains("d_model"), "{e}");
     let out = tmp.path().join("g.mid");
     let r = run_limited(
-        &["generate", "--model", s(&narrow), "-o", s(&out), "--tokens", "4", "--device", "cpu"],
+        &[
+            "generate",
+            "--model",
+            s(&narrow),
+            "-o",
+            s(&out),
+            "--tokens",
+            "4",
+            "--device",
+            "cpu",
+        ],
         60.0,
     );
     assert_eq!(r.code, 1, "{}", r.all());
@@ -632,7 +662,10 @@ fn model_folders_are_checked_against_their_config() {
         });
         m.vs.save(m.dir.join("model.safetensors")).unwrap();
         let e = load_err(&bad);
-        assert!(e.contains("NaN or infinite") && e.contains("model.safetensors"), "{e}");
+        assert!(
+            e.contains("NaN or infinite") && e.contains("model.safetensors"),
+            "{e}"
+        );
     }
 }
 
@@ -695,8 +728,25 @@ fn a_run_folder_is_locked_while_a_process_trains_in_it() {
     let mut holder = Command::new("sleep").arg("30").spawn().unwrap();
     std::fs::write(fresh.join("train.lock"), format!("{}\n", holder.id())).unwrap();
     let r = run_limited(
-        &["train", "--data", s(&data), "-o", s(&fresh), "--preset", "tiny", "--steps", "2",
-          "--seq-len", "16", "--batch", "2", "--device", "cpu", "--threads", "1"],
+        &[
+            "train",
+            "--data",
+            s(&data),
+            "-o",
+            s(&fresh),
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch",
+            "2",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
         60.0,
     );
     holder.kill().ok();
@@ -727,14 +777,17 @@ fn bad_training_settings_are_refused_naming_their_source() {
     let err = |f: &dyn Fn(&mut cadenza::train::TrainOptions)| {
         let mut o = tiny_opts(&tmp.path().join("r"), &data);
         f(&mut o);
-        let e = format!("{:#}", cadenza::train::train(&o).err().expect("refused"));
+        let e = format!("{:#}", cadenza::train::train(&o).expect_err("refused"));
         std::fs::remove_dir_all(tmp.path().join("r")).ok();
         e
     };
     let e = err(&|o| o.steps = Some(0));
     assert!(e.contains("steps must be at least 1"), "{e}");
     let e = err(&|o| o.lr = Some(-1.0));
-    assert!(e.contains("lr must be a positive") && e.contains("command-line"), "{e}");
+    assert!(
+        e.contains("lr must be a positive") && e.contains("command-line"),
+        "{e}"
+    );
     let e = err(&|o| o.seq_len = Some(1_000_000));
     assert!(e.contains("--seq-len 1000000") && e.contains("data"), "{e}");
     let cfg = tmp.path().join("bad.toml");
@@ -744,14 +797,21 @@ fn bad_training_settings_are_refused_naming_their_source() {
     // Tokenizer configs: the file and the right reason.
     for (text, want) in [
         ("positions_per_quarter = 0\n", "positions_per_quarter"),
-        ("pitch_min = 90\npitch_max = 30\n", "pitch_min (90) must not be above pitch_max (30)"),
+        (
+            "pitch_min = 90\npitch_max = 30\n",
+            "pitch_min (90) must not be above pitch_max (30)",
+        ),
     ] {
         let p = tmp.path().join("tok.toml");
         std::fs::write(&p, text).unwrap();
         let out = tmp.path().join("v.json");
         let r = run_limited(&["vocab", "--config", s(&p), "-o", s(&out)], 20.0);
         assert_eq!(r.code, 1, "{}", r.all());
-        assert!(r.stderr.contains("tok.toml") && r.stderr.contains(want), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("tok.toml") && r.stderr.contains(want),
+            "{}",
+            r.stderr
+        );
     }
 }
 
@@ -763,17 +823,36 @@ fn generate_guards_its_inputs_outputs_and_memory() {
     let p = tmp.path().join("p.mid");
     std::fs::write(&p, scale_bytes()).unwrap();
     let gen = |extra: &[&str]| {
-        let mut args = vec!["generate", "--model", s(&run), "--tokens", "8", "--device", "cpu"];
+        let mut args = vec![
+            "generate",
+            "--model",
+            s(&run),
+            "--tokens",
+            "8",
+            "--device",
+            "cpu",
+        ];
         args.extend_from_slice(extra);
         run_limited(&args, 60.0)
     };
     for extra in [
         vec!["--prompt", s(&p), "-o", s(&p)],
-        vec!["--prompt", s(&p), "-o", s(&tmp.path().join("y.mid")), "--tokens-out", s(&p)],
+        vec![
+            "--prompt",
+            s(&p),
+            "-o",
+            s(&tmp.path().join("y.mid")),
+            "--tokens-out",
+            s(&p),
+        ],
     ] {
         let r = gen(&extra);
         assert_eq!(r.code, 1, "{}", r.all());
-        assert!(r.stderr.contains("refusing to overwrite an input"), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("refusing to overwrite an input"),
+            "{}",
+            r.stderr
+        );
     }
     let x = tmp.path().join("x");
     let r = gen(&["-o", s(&x), "--png", s(&x)]);
@@ -810,8 +889,19 @@ fn generate_guards_its_inputs_outputs_and_memory() {
     assert!(r.secs < 30.0, "{} s", r.secs);
 
     let r = run_limited(
-        &["generate", "--model", s(&run), "--device", "cpu", "--num-samples", "100000",
-          "-o", s(&a), "--max-memory-mb", "2048"],
+        &[
+            "generate",
+            "--model",
+            s(&run),
+            "--device",
+            "cpu",
+            "--num-samples",
+            "100000",
+            "-o",
+            s(&a),
+            "--max-memory-mb",
+            "2048",
+        ],
         60.0,
     );
     assert_eq!(r.code, 1, "{}", r.all());
@@ -825,9 +915,22 @@ fn generate_guards_its_inputs_outputs_and_memory() {
     // eval on a dataset with an id past the vocabulary: an error naming tokens.bin.
     let bad = tmp.path().join("bad");
     std::fs::create_dir(&bad).unwrap();
-    let bad_ds = dataset_with_id(&bad, Vocab::new(Default::default()).unwrap().len() as u16 + 7);
+    let bad_ds = dataset_with_id(
+        &bad,
+        Vocab::new(Default::default()).unwrap().len() as u16 + 7,
+    );
     let r = run_limited(
-        &["eval", "--model", s(&run), "--data", s(&bad_ds), "--device", "cpu", "--json", s(&tmp.path().join("e.json"))],
+        &[
+            "eval",
+            "--model",
+            s(&run),
+            "--data",
+            s(&bad_ds),
+            "--device",
+            "cpu",
+            "--json",
+            s(&tmp.path().join("e.json")),
+        ],
         60.0,
     );
     assert_eq!(r.code, 1, "{}", r.all());
@@ -859,11 +962,9 @@ fn notes_by_channel_rule(bytes: &[u8]) -> Vec<(u64, u8, u8)> {
             let ch = channel.as_int() as usize;
             match message {
                 midly::MidiMessage::ProgramChange { program: p } => program[ch] = p.as_int(),
-                midly::MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => out.push((
-                    tick,
-                    key.as_int(),
-                    if ch == 9 { 128 } else { program[ch] },
-                )),
+                midly::MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => {
+                    out.push((tick, key.as_int(), if ch == 9 { 128 } else { program[ch] }))
+                }
                 _ => {}
             }
         }
@@ -889,8 +990,10 @@ fn more_than_15_programs_each_keep_their_program() {
     for k in 0..20u8 {
         sc.notes.push(note(k as u64 * 480, 480, 40 + k, k * 6));
         sc.notes.push(note(20 * 480, 960, 40 + k, k * 6));
-        sc.notes.push(note(30 * 480 + k as u64 * 240, 480, 60 + k, k * 6));
-        sc.notes.push(note(30 * 480 + k as u64 * 240, 120, 61 + k, k * 6));
+        sc.notes
+            .push(note(30 * 480 + k as u64 * 240, 480, 60 + k, k * 6));
+        sc.notes
+            .push(note(30 * 480 + k as u64 * 240, 120, 61 + k, k * 6));
     }
     for i in 0..40u64 {
         sc.notes.push(midi::Note {
@@ -919,7 +1022,12 @@ fn more_than_15_programs_each_keep_their_program() {
     got.sort();
     assert_eq!(got, want);
     // At most 15 programs: one channel each, as before.
-    let few: Vec<_> = sc.notes.iter().filter(|n| n.is_drum || n.program < 15 * 6).copied().collect();
+    let few: Vec<_> = sc
+        .notes
+        .iter()
+        .filter(|n| n.is_drum || n.program < 15 * 6)
+        .copied()
+        .collect();
     let mut sc15 = midi::Score::new(480);
     sc15.notes = few;
     let bytes = midi::to_bytes(&sc15).unwrap();
@@ -930,4 +1038,214 @@ fn more_than_15_programs_each_keep_their_program() {
         .collect();
     want.sort();
     assert_eq!(notes_by_channel_rule(&bytes), want);
+}
+
+// ---------------------------------------------------------------- bounded fuzzing
+
+/// Runs `cases` inputs of `strategy` through `check` with a fixed seed (the
+/// same inputs every run) and prints how many ran. A panic inside `check`
+/// fails the test with the (shrunk) input.
+fn fuzz<S: proptest::strategy::Strategy>(
+    name: &str,
+    cases: u32,
+    strategy: S,
+    check: impl Fn(S::Value) -> bool,
+) where
+    S::Value: std::fmt::Debug,
+{
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 200,
+        ..Config::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let count = std::cell::Cell::new(0usize);
+    let accepted = std::cell::Cell::new(0usize);
+    let t0 = Instant::now();
+    runner
+        .run(&strategy, |v| {
+            count.set(count.get() + 1);
+            accepted.set(accepted.get() + check(v) as usize);
+            Ok(())
+        })
+        .unwrap();
+    println!(
+        "fuzz {name}: {} inputs ({} accepted, the rest refused with an error) in {:.2} s, no panic",
+        count.get(),
+        accepted.get(),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// (position, byte) edits applied to `base`.
+fn mutated(base: &[u8], edits: &[(usize, u8)]) -> Vec<u8> {
+    let mut b = base.to_vec();
+    for &(at, v) in edits {
+        if !b.is_empty() {
+            let i = at % b.len();
+            b[i] = v;
+        }
+    }
+    b
+}
+
+#[test]
+fn fuzz_midi_reader() {
+    use proptest::prelude::*;
+    // Raw bytes behind a valid header and a track chunk of matching length.
+    fuzz(
+        "MIDI reader (random tracks)",
+        3000,
+        proptest::collection::vec(any::<u8>(), 0..400),
+        |body| {
+            let mut b = b"MThd\0\0\0\x06\0\x01\0\x01\x01\xe0MTrk".to_vec();
+            b.extend((body.len() as u32).to_be_bytes());
+            b.extend(&body);
+            match midi::parse(&b) {
+                Ok((score, _)) => midi::to_bytes(&score).is_ok(),
+                Err(_) => false,
+            }
+        },
+    );
+    // A real file with bytes changed anywhere (header, lengths, events).
+    let base = std::fs::read("midi_samples/oneills-jig-6-8.mid").unwrap_or_else(|_| scale_bytes());
+    let vocab = Vocab::new(Default::default()).unwrap();
+    fuzz(
+        "MIDI reader (mutated file)",
+        2000,
+        proptest::collection::vec((any::<usize>(), any::<u8>()), 1..12),
+        |edits| {
+            let b = mutated(&base, &edits);
+            match midi::parse(&b) {
+                Ok((score, _)) => {
+                    let (ids, _) = cadenza::tokenizer::encode(&score, &vocab);
+                    let _ = cadenza::tokenizer::decode(&ids, &vocab);
+                    true
+                }
+                Err(_) => false,
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_token_decoder() {
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let n = vocab.len() as u32;
+    fuzz(
+        "token decoder",
+        3000,
+        proptest::collection::vec(0..n + 40, 0..300),
+        |ids| {
+            let (score, _) = cadenza::tokenizer::decode(&ids, &vocab);
+            let out = cadenza::tokenizer::to_output_resolution(&score);
+            match midi::to_bytes(&out) {
+                Ok(bytes) => {
+                    midi::parse(&bytes).expect("what we write reads back");
+                    true
+                }
+                Err(_) => false,
+            }
+        },
+    );
+}
+
+#[test]
+fn fuzz_json_and_toml_loaders() {
+    use proptest::prelude::any;
+    let tmp = tempfile::tempdir().unwrap();
+    // The vocabulary file.
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let vpath = tmp.path().join("vocab.json");
+    vocab.save(&vpath).unwrap();
+    let vtext = std::fs::read(&vpath).unwrap();
+    let chars = b"{}[]\":,.-0123456789truefalsnul aeiz\n";
+    let edit = (any::<usize>(), proptest::sample::select(chars.to_vec()));
+    let bad = tmp.path().join("bad.json");
+    fuzz(
+        "vocabulary JSON",
+        300,
+        proptest::collection::vec(edit.clone(), 1..6),
+        |edits| {
+            std::fs::write(&bad, mutated(&vtext, &edits)).unwrap();
+            Vocab::load(&bad).is_ok()
+        },
+    );
+    // config.json of a run.
+    let cfg = serde_json::json!({
+        "model": cadenza::model::ModelConfig::preset("tiny", vocab.len() as i64).unwrap(),
+        "train": cadenza::train::config::TrainConfig::for_preset("tiny"),
+        "vocab_hash": vocab.hash(),
+        "dataset": "",
+        "preset": "tiny",
+    });
+    let ctext = serde_json::to_vec_pretty(&cfg).unwrap();
+    let _: cadenza::train::config::RunConfig = serde_json::from_slice(&ctext).unwrap();
+    fuzz(
+        "run config JSON",
+        2000,
+        proptest::collection::vec(edit, 1..6),
+        |edits| {
+            let b = mutated(&ctext, &edits);
+            match serde_json::from_slice::<cadenza::train::config::RunConfig>(&b) {
+                Ok(c) if c.model.validate().is_ok() && c.train.validate().is_ok() => {
+                    c.train.lr_at(c.train.steps / 2).is_finite()
+                }
+                _ => false,
+            }
+        },
+    );
+    // Training and tokenizer TOML.
+    let ttext = b"preset = \"tiny\"\n[model]\nd_model = 64\nn_heads = 4\n[train]\nlr = 0.001\nseq_len = 64\nsteps = 10\n".to_vec();
+    let tok = b"positions_per_quarter = 12\npitch_min = 21\npitch_max = 108\nvelocity_bins = 32\nmax_numerator = 12\ndenominators = [2, 4, 8]\n".to_vec();
+    let tchars = b"[]=\"#.,-0123456789abcdefghijklmnopqrstuvwxyz_\n ".to_vec();
+    let tedit = (any::<usize>(), proptest::sample::select(tchars));
+    fuzz(
+        "training TOML",
+        2000,
+        proptest::collection::vec(tedit.clone(), 1..6),
+        |edits| {
+            let b = mutated(&ttext, &edits);
+            let Ok(text) = std::str::from_utf8(&b) else {
+                return false;
+            };
+            let Ok(f) = toml::from_str::<cadenza::train::config::ConfigFile>(text) else {
+                return false;
+            };
+            let model = cadenza::model::ModelConfig::preset("tiny", 300).unwrap();
+            let m = match &f.model {
+                Some(t) => cadenza::train::config::merge_table(&model, t)
+                    .is_ok_and(|m| m.validate().is_ok()),
+                None => true,
+            };
+            let train = cadenza::train::config::TrainConfig::for_preset("tiny");
+            let t = match &f.train {
+                Some(t) => cadenza::train::config::merge_table(&train, t)
+                    .is_ok_and(|c| c.validate().is_ok()),
+                None => true,
+            };
+            m && t
+        },
+    );
+    fuzz(
+        "tokenizer TOML",
+        300,
+        proptest::collection::vec(tedit, 1..6),
+        |edits| {
+            let b = mutated(&tok, &edits);
+            let Ok(text) = std::str::from_utf8(&b) else {
+                return false;
+            };
+            match toml::from_str::<cadenza::tokenizer::RemiConfig>(text).map(Vocab::new) {
+                Ok(Ok(v)) => {
+                    let _ = cadenza::tokenizer::decode(&[0, 1, 2, 3, 4, 5], &v);
+                    true
+                }
+                _ => false,
+            }
+        },
+    );
 }

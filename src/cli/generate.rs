@@ -156,7 +156,11 @@ fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
 }
 
 /// Refuses a generation whose estimated memory exceeds the budget.
-fn check_memory(a: &GenerateArgs, cfg: &crate::model::ModelConfig, prompt_len: usize) -> Result<()> {
+fn check_memory(
+    a: &GenerateArgs,
+    cfg: &crate::model::ModelConfig,
+    prompt_len: usize,
+) -> Result<()> {
     let need = sample::estimate_bytes(cfg, a.num_samples, prompt_len, a.tokens);
     let (budget, source) = match a.max_memory_mb {
         Some(mb) => (mb as u128 * (1 << 20), "--max-memory-mb"),

@@ -249,9 +249,8 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
         .progress_chars("=> "),
     );
     let t0 = Instant::now();
-    let results = pool.install(|| {
-        dataset::tokenize_files_with(&files, &vocab, &limits, &|| pb.inc(1))
-    });
+    let results =
+        pool.install(|| dataset::tokenize_files_with(&files, &vocab, &limits, &|| pb.inc(1)));
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     if results.iter().all(|r| !matches!(r, Ok(t) if t.notes > 0)) {

@@ -84,7 +84,8 @@ pub fn read_file(path: &Path) -> Result<(Score, ReadReport), MidiError> {
 /// Reads and parses a MIDI file within `limits`: only a regular file is
 /// opened, and at most `limits.max_file_bytes` of it are read.
 pub fn read_file_with(path: &Path, limits: &Limits) -> Result<(Score, ReadReport), MidiError> {
-    let bytes = crate::limits::read_file(path, limits.max_file_bytes).map_err(MidiError::Refused)?;
+    let bytes =
+        crate::limits::read_file(path, limits.max_file_bytes).map_err(MidiError::Refused)?;
     parse_named_with(&bytes, path, limits)
 }
 
@@ -195,7 +196,6 @@ pub fn parse_with(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), 
         let declared = u16::from_be_bytes([bytes[10], bytes[11]]) as usize;
         report.truncated_tracks += declared.saturating_sub(smf.tracks.len());
     }
-
 
     let mut score = Score::new(ticks_per_quarter);
     let mut programs = [0u8; 16];

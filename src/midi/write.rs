@@ -112,9 +112,11 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
                 },
             ));
         }
-        for (i, n) in score.notes.iter().enumerate().filter(|(_, n)| {
-            n.is_drum == inst.is_drum && (n.is_drum || n.program == inst.program)
-        }) {
+        for (i, n) in
+            score.notes.iter().enumerate().filter(|(_, n)| {
+                n.is_drum == inst.is_drum && (n.is_drum || n.program == inst.program)
+            })
+        {
             let ch = match (&shared, n.is_drum) {
                 (Some(alloc), false) => {
                     let (c, change) = alloc[i];

@@ -410,10 +410,12 @@ pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
         _ => (run, None),
     };
     let config: RunConfig = read_json(&run.join(CONFIG_FILE))?;
-    config
-        .model
-        .validate()
-        .with_context(|| format!("{}: invalid model configuration", run.join(CONFIG_FILE).display()))?;
+    config.model.validate().with_context(|| {
+        format!(
+            "{}: invalid model configuration",
+            run.join(CONFIG_FILE).display()
+        )
+    })?;
     let vocab = Vocab::load(&run.join(VOCAB_FILE))?;
     check_vocab(&config, &vocab, &run.join(VOCAB_FILE))?;
     let ckpt = only.or_else(|| checkpoint_dir(run)).with_context(|| {
