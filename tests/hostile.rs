@@ -19,6 +19,8 @@ struct Run {
     stdout: String,
     stderr: String,
     secs: f64,
+    /// Peak resident memory seen while it ran (Linux VmHWM, sampled), in KiB.
+    peak_kb: u64,
 }
 
 impl Run {
@@ -40,7 +42,18 @@ fn run_limited(args: &[&str], deadline_s: f64) -> Run {
         .stderr(std::fs::File::create(&err_p).unwrap())
         .spawn()
         .unwrap();
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak_kb = 0u64;
     let status = loop {
+        if let Ok(st) = std::fs::read_to_string(&status_file) {
+            if let Some(kb) = st
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            {
+                peak_kb = peak_kb.max(kb);
+            }
+        }
         if let Some(st) = child.try_wait().unwrap() {
             break st;
         }
@@ -56,6 +69,7 @@ fn run_limited(args: &[&str], deadline_s: f64) -> Run {
         stdout: std::fs::read_to_string(out_p).unwrap_or_default(),
         stderr: std::fs::read_to_string(err_p).unwrap_or_default(),
         secs: t0.elapsed().as_secs_f64(),
+        peak_kb,
     }
 }
 
@@ -147,6 +161,29 @@ fn huge_delta_file_is_refused_fast_by_every_reader() {
         ..Default::default()
     };
     assert!(midi::parse_with(&one, &raised).is_ok());
+}
+
+#[test]
+fn a_64_mb_file_is_refused_quickly_in_little_memory() {
+    // 22 million running-status note events: the worst case per byte.
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("dense.mid");
+    let mut track = vec![0u8, 0x90, 60, 64];
+    let body: Vec<u8> = (0..88u8).flat_map(|k| [0, 21 + k, 64]).collect();
+    while track.len() + body.len() < (64 << 20) - 40 {
+        track.extend(&body);
+    }
+    track.extend([0, 0xff, 0x2f, 0]);
+    let mut bytes = b"MThd\0\0\0\x06\0\0\0\x01\x01\xe0MTrk".to_vec();
+    bytes.extend((track.len() as u32).to_be_bytes());
+    bytes.extend(track);
+    std::fs::write(&f, &bytes).unwrap();
+    let r = run_limited(&["inspect", s(&f)], 30.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("dense.mid") && r.stderr.contains("--max-events"));
+    println!("refused in {:.2} s, peak {} MiB", r.secs, r.peak_kb >> 10);
+    assert!(r.secs < 5.0, "{} s", r.secs);
+    assert!(r.peak_kb < 2 << 20, "{} KiB", r.peak_kb);
 }
 
 #[test]

@@ -100,10 +100,27 @@ pub fn parse_named_with(
     path: &Path,
     limits: &Limits,
 ) -> Result<(Score, ReadReport), MidiError> {
-    parse_with(bytes, limits).map_err(|reason| MidiError::Parse {
-        path: path.display().to_string(),
-        reason,
+    parse_inner(bytes, limits).map_err(|f| match f {
+        Fail::Invalid(reason) => MidiError::Parse {
+            path: path.display().to_string(),
+            reason,
+        },
+        Fail::Limit(reason) => {
+            MidiError::Refused(anyhow::anyhow!("{}: refused: {reason}", path.display()))
+        }
     })
+}
+
+/// Why parsing stopped: a broken file, or one over a limit.
+enum Fail {
+    Invalid(String),
+    Limit(String),
+}
+
+impl From<String> for Fail {
+    fn from(s: String) -> Self {
+        Fail::Invalid(s)
+    }
 }
 
 /// Parses MIDI bytes within the default [`Limits`]. The error is a
@@ -115,20 +132,54 @@ pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
 /// Parses MIDI bytes; a file over `limits` (events, length in quarters) is
 /// refused before its notes are built.
 pub fn parse_with(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), String> {
+    parse_inner(bytes, limits).map_err(|f| match f {
+        Fail::Invalid(r) | Fail::Limit(r) => r,
+    })
+}
+
+/// Counts events without building them, stopping past `max` (so that a huge
+/// file is refused before `midly` allocates all of its events).
+fn count_events(bytes: &[u8], max: usize) -> usize {
+    let Ok((_, tracks)) = midly::parse(bytes) else {
+        return 0;
+    };
+    let mut n = 0usize;
+    for track in tracks {
+        let Ok(track) = track else { break };
+        for ev in track {
+            if ev.is_err() {
+                break;
+            }
+            n += 1;
+            if n > max {
+                return n;
+            }
+        }
+    }
+    n
+}
+
+fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fail> {
     if bytes.len() < 14 || &bytes[..4] != b"MThd" {
         // midly accepts RIFF-wrapped files too; anything else without a header is junk.
         if !(bytes.len() >= 4 && &bytes[..4] == b"RIFF") {
-            return Err("missing MThd header".into());
+            return Err(Fail::Invalid("missing MThd header".into()));
         }
+    }
+    if count_events(bytes, limits.max_events) > limits.max_events {
+        return Err(Fail::Limit(format!(
+            "more than {} MIDI events (raise the limit with --max-events)",
+            limits.max_events
+        )));
     }
     let smf = Smf::parse(bytes).map_err(|e| e.to_string())?;
     let mut report = ReadReport::default();
     let n_events: usize = smf.tracks.iter().map(|t| t.len()).sum();
     if n_events > limits.max_events {
-        return Err(format!(
-            "{n_events} events, more than the limit of {} (raise it with --max-events)",
+        return Err(Fail::Limit(format!(
+            "{n_events} MIDI events, more than the limit of {} (raise it with --max-events)",
             limits.max_events
-        ));
+        )));
     }
     let (ticks_per_quarter, scale) = match smf.header.timing {
         Timing::Metrical(tpq) => {
@@ -153,14 +204,14 @@ pub fn parse_with(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), 
     };
     // Length check before any note is built: one event after a huge delta
     // would otherwise make millions of empty bars.
-    let check_length = |tick: u64| -> Result<(), String> {
+    let check_length = |tick: u64| -> Result<(), Fail> {
         let quarters = conv(tick) / ticks_per_quarter as u64;
         if quarters > limits.max_quarters {
-            return Err(format!(
+            return Err(Fail::Limit(format!(
                 "an event lies {quarters} quarter notes from the start, more than the limit of {} \
                  (raise it with --max-quarters)",
                 limits.max_quarters
-            ));
+            )));
         }
         Ok(())
     };
