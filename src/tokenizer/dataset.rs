@@ -66,9 +66,17 @@ pub fn check_output_dir(dir: &Path, force: bool) -> Result<()> {
     if !meta.is_dir() {
         bail!("{}: exists and is not a folder", dir.display());
     }
-    let mut entries =
-        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
-    if entries.next().is_none() || force {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    // Empty, or what an interrupted `tokenize` left (no manifest yet).
+    let incomplete = names.iter().all(|n| {
+        [TOKENS_FILE, PIECES_FILE, VOCAB_FILE].contains(&n.as_str())
+            || (n.starts_with('.') && n.ends_with(".tmp"))
+    });
+    if incomplete || force {
         return Ok(());
     }
     let what = if dir.join(MANIFEST_FILE).is_file() {
