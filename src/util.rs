@@ -15,6 +15,19 @@ use serde::{Deserialize, Serialize};
 /// Writes `bytes` to `path` through a temporary file in the same folder and a
 /// rename, so that a reader never sees a half-written file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_via_temp(path, |tmp| {
+        let mut f = std::fs::File::create(tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        f.write_all(bytes)
+            .and_then(|_| f.sync_all())
+            .with_context(|| format!("cannot write {}", tmp.display()))
+    })
+}
+
+/// Lets `write` fill a temporary file (`.NAME.<pid>.tmp` next to `path`), then
+/// renames it to `path`. On any error the temporary file is removed and
+/// `path` is left as it was.
+pub fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -23,23 +36,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path
         .file_name()
         .with_context(|| format!("{} is not a file path", path.display()))?;
+    if path.is_dir() {
+        anyhow::bail!("{} is a folder, not a file", path.display());
+    }
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
         name.to_string_lossy(),
         std::process::id()
     ));
-    let written = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot create {}", tmp.display()))?;
-        f.write_all(bytes)
-            .and_then(|_| f.sync_all())
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        if path.is_dir() {
-            anyhow::bail!("{} is a folder, not a file", path.display());
-        }
+    let written = write(&tmp).and_then(|_| {
         std::fs::rename(&tmp, path)
             .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
-    })();
+    });
     if written.is_err() {
         std::fs::remove_file(&tmp).ok();
     }

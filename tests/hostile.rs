@@ -892,10 +892,12 @@ fn generate_guards_its_inputs_outputs_and_memory() {
         );
     }
     let x = tmp.path().join("x");
-    let r = gen(&["-o", s(&x), "--png", s(&x)]);
-    assert_eq!(r.code, 1, "{}", r.all());
-    assert!(r.stderr.contains("same file"), "{}", r.stderr);
-    assert!(!x.exists());
+    for flag in ["--png", "--wav", "--tokens-out"] {
+        let r = gen(&["-o", s(&x), flag, s(&x)]);
+        assert_eq!(r.code, 1, "{flag}: {}", r.all());
+        assert!(r.stderr.contains("same file"), "{flag}: {}", r.stderr);
+        assert!(!x.exists());
+    }
     // Numbered outputs collide too: with 2 samples both are a-1.mid, a-2.mid.
     let a = tmp.path().join("a.mid");
     let a1 = tmp.path().join("a-1.mid");
@@ -903,6 +905,14 @@ fn generate_guards_its_inputs_outputs_and_memory() {
     assert_eq!(r.code, 1, "{}", r.all());
     assert!(r.stderr.contains("a-1.mid"), "{}", r.stderr);
     assert_eq!(std::fs::read(&p).unwrap(), scale_bytes());
+
+    // A prompt with a 0x0FFFFFFF-tick gap at division 1: refused, fast.
+    let gaps = tmp.path().join("gaps.mid");
+    std::fs::write(&gaps, notes_after_gaps(2000, 0x0fff_ffff, 1)).unwrap();
+    let r = gen(&["--prompt", s(&gaps), "-o", s(&a)]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("gaps.mid") && r.stderr.contains("--max-quarters"));
+    assert!(r.secs < 30.0, "{} s", r.secs);
 
     let r = gen(&["--prompt", s(&p), "--prompt-bars", "0", "-o", s(&a)]);
     assert_eq!(r.code, 1, "{}", r.all());
@@ -1285,4 +1295,31 @@ fn fuzz_json_and_toml_loaders() {
             }
         },
     );
+}
+
+#[test]
+fn vocab_stats_and_compare_never_write_over_their_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("tok.toml");
+    std::fs::write(&cfg, "positions_per_quarter = 12\n").unwrap();
+    let r = run_limited(&["vocab", "--config", s(&cfg), "-o", s(&cfg)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("refusing to overwrite"), "{}", r.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&cfg).unwrap(),
+        "positions_per_quarter = 12\n"
+    );
+    let mid = tmp.path().join("g.mid");
+    std::fs::write(&mid, scale_bytes()).unwrap();
+    let r = run_limited(
+        &["stats", s(&mid), "--real", s(&mid), "--markdown", s(&mid)],
+        20.0,
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert_eq!(std::fs::read(&mid).unwrap(), scale_bytes());
+    let rep = tmp.path().join("r.json");
+    std::fs::write(&rep, "{}").unwrap();
+    let r = run_limited(&["compare-eval", s(&rep), "--png", s(&rep)], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert_eq!(std::fs::read_to_string(&rep).unwrap(), "{}");
 }

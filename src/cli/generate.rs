@@ -400,6 +400,15 @@ fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
 
 pub fn stats(a: StatsArgs) -> Result<i32> {
     use crate::sample::stats;
+    if let Some(m) = &a.markdown {
+        let inputs: Vec<(&str, &Path)> = a
+            .generated
+            .iter()
+            .map(|p| ("generated", p.as_path()))
+            .chain(a.real.iter().map(|p| ("--real", p.as_path())))
+            .collect();
+        crate::util::check_outputs(&inputs, &[("--markdown", m)])?;
+    }
     let generated = midi_scores(&a.generated)?;
     let mut real = Vec::new();
     for r in &a.real {

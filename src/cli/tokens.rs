@@ -290,6 +290,9 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
 }
 
 pub fn vocab(a: VocabArgs) -> Result<i32> {
+    if let Some(c) = &a.config {
+        crate::util::check_outputs(&[("--config", c)], &[("-o", &a.output)])?;
+    }
     let config = match &a.config {
         Some(p) => {
             let text = std::fs::read_to_string(p)

@@ -376,16 +376,18 @@ pub fn render_wav(
         sample_format: hound::SampleFormat::Int,
     };
     let ctx = || format!("cannot write WAV {}", out.display());
-    let mut w = hound::WavWriter::create(out, spec).with_context(ctx)?;
-    {
-        let mut w16 = w.get_i16_writer((frames * 2) as u32);
-        for (l, r) in left.iter().zip(&right) {
-            w16.write_sample((l.clamp(-1.0, 1.0) * 32767.0).round() as i16);
-            w16.write_sample((r.clamp(-1.0, 1.0) * 32767.0).round() as i16);
+    crate::util::write_via_temp(out, |tmp| {
+        let mut w = hound::WavWriter::create(tmp, spec).with_context(ctx)?;
+        {
+            let mut w16 = w.get_i16_writer((frames * 2) as u32);
+            for (l, r) in left.iter().zip(&right) {
+                w16.write_sample((l.clamp(-1.0, 1.0) * 32767.0).round() as i16);
+                w16.write_sample((r.clamp(-1.0, 1.0) * 32767.0).round() as i16);
+            }
+            w16.flush().with_context(ctx)?;
         }
-        w16.flush().with_context(ctx)?;
-    }
-    w.finalize().with_context(ctx)?;
+        w.finalize().with_context(ctx)
+    })?;
     Ok(RenderStats {
         seconds: frames as f64 / opts.sample_rate as f64,
         samples: frames,
