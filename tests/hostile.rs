@@ -825,6 +825,14 @@ fn bad_training_settings_are_refused_naming_their_source() {
         e.contains("lr must be a positive") && e.contains("command-line"),
         "{e}"
     );
+    let e = err(&|o| {
+        o.lr = Some(1e30);
+        o.steps = Some(4);
+    });
+    assert!(
+        e.contains("training diverged") && e.contains("config.json") && e.contains("--lr"),
+        "{e}"
+    );
     let e = err(&|o| o.seq_len = Some(1_000_000));
     assert!(e.contains("--seq-len 1000000") && e.contains("data"), "{e}");
     let cfg = tmp.path().join("bad.toml");
@@ -987,11 +995,12 @@ fn generate_guards_its_inputs_outputs_and_memory() {
 
 // ---------------------------------------------------------------- MIDI writer
 
-/// (start tick, pitch, program) of every note-on of a MIDI file, read as
-/// players and other readers do: all tracks merged in time (ties in track
-/// order), and per channel the last program change before a note-on decides
-/// its program. Drums are reported as program 128.
-fn notes_by_channel_rule(bytes: &[u8]) -> Vec<(u64, u8, u8)> {
+/// (start tick, pitch, program, duration) of every note of a MIDI file, read
+/// as players and other readers do: all tracks merged in time (ties in track
+/// order); per channel, the last program change before a note-on decides its
+/// program, and a note-off ends the earliest sounding note of its pitch on
+/// its channel. Drums are reported as program 128.
+fn notes_by_channel_rule(bytes: &[u8]) -> Vec<(u64, u8, u8, u64)> {
     let smf = midly::Smf::parse(bytes).unwrap();
     let mut evs = Vec::new();
     for (ti, t) in smf.tracks.iter().enumerate() {
@@ -1003,6 +1012,8 @@ fn notes_by_channel_rule(bytes: &[u8]) -> Vec<(u64, u8, u8)> {
     }
     evs.sort_by_key(|&(t, ti, ei, _)| (t, ti, ei));
     let mut program = [0u8; 16];
+    let mut open: std::collections::HashMap<(usize, u8), std::collections::VecDeque<(u64, u8)>> =
+        Default::default();
     let mut out = Vec::new();
     for (tick, _, _, kind) in evs {
         if let midly::TrackEventKind::Midi { channel, message } = kind {
@@ -1010,7 +1021,19 @@ fn notes_by_channel_rule(bytes: &[u8]) -> Vec<(u64, u8, u8)> {
             match message {
                 midly::MidiMessage::ProgramChange { program: p } => program[ch] = p.as_int(),
                 midly::MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => {
-                    out.push((tick, key.as_int(), if ch == 9 { 128 } else { program[ch] }))
+                    let p = if ch == 9 { 128 } else { program[ch] };
+                    open.entry((ch, key.as_int()))
+                        .or_default()
+                        .push_back((tick, p));
+                }
+                midly::MidiMessage::NoteOn { key, .. }
+                | midly::MidiMessage::NoteOff { key, .. } => {
+                    if let Some((start, p)) = open
+                        .get_mut(&(ch, key.as_int()))
+                        .and_then(|q| q.pop_front())
+                    {
+                        out.push((start, key.as_int(), p, tick - start));
+                    }
                 }
                 _ => {}
             }
@@ -1018,6 +1041,22 @@ fn notes_by_channel_rule(bytes: &[u8]) -> Vec<(u64, u8, u8)> {
     }
     out.sort();
     out
+}
+
+fn note_keys(notes: &[midi::Note]) -> Vec<(u64, u8, u8, u64)> {
+    let mut v: Vec<_> = notes
+        .iter()
+        .map(|n| {
+            (
+                n.start,
+                n.pitch,
+                if n.is_drum { 128 } else { n.program },
+                n.duration,
+            )
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 #[test]
@@ -1052,39 +1091,21 @@ fn more_than_15_programs_each_keep_their_program() {
     }
     sc.sort();
     let bytes = midi::to_bytes(&sc).unwrap();
-    let mut want: Vec<(u64, u8, u8)> = sc
-        .notes
-        .iter()
-        .map(|n| (n.start, n.pitch, if n.is_drum { 128 } else { n.program }))
-        .collect();
-    want.sort();
+    let want = note_keys(&sc.notes);
     assert_eq!(notes_by_channel_rule(&bytes), want);
-    // Our reader agrees.
+    // Our reader (per track) agrees.
     let (back, _) = midi::parse(&bytes).unwrap();
-    let mut got: Vec<(u64, u8, u8)> = back
-        .notes
-        .iter()
-        .map(|n| (n.start, n.pitch, if n.is_drum { 128 } else { n.program }))
-        .collect();
-    got.sort();
-    assert_eq!(got, want);
+    assert_eq!(note_keys(&back.notes), want);
     // At most 15 programs: one channel each, as before.
-    let few: Vec<_> = sc
+    let mut sc15 = midi::Score::new(480);
+    sc15.notes = sc
         .notes
         .iter()
         .filter(|n| n.is_drum || n.program < 15 * 6)
         .copied()
         .collect();
-    let mut sc15 = midi::Score::new(480);
-    sc15.notes = few;
     let bytes = midi::to_bytes(&sc15).unwrap();
-    let mut want: Vec<(u64, u8, u8)> = sc15
-        .notes
-        .iter()
-        .map(|n| (n.start, n.pitch, if n.is_drum { 128 } else { n.program }))
-        .collect();
-    want.sort();
-    assert_eq!(notes_by_channel_rule(&bytes), want);
+    assert_eq!(notes_by_channel_rule(&bytes), note_keys(&sc15.notes));
 }
 
 // ---------------------------------------------------------------- bounded fuzzing

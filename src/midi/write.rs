@@ -7,7 +7,8 @@
 //! goes to a channel already set to its program, else to a channel with
 //! nothing sounding (a program change at the note's start, in the note's own
 //! track), else, when more than 15 programs sound at once, to the channel
-//! whose notes end soonest (again with a program change at the note's start).
+//! whose notes end soonest and that sounds no note of the same pitch (again
+//! with a program change at the note's start).
 //! So under the rule that MIDI players and readers follow (per channel, the
 //! last program change before a note-on decides its program), every note
 //! keeps its program; no two tracks put a program change and a note-on of
@@ -181,19 +182,17 @@ const MELODIC_CHANNELS: [u8; 15] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 1
 /// of `score` (by index; drum notes get a dummy), its channel and whether a
 /// program change must precede it.
 pub fn allocate_channels(score: &Score) -> Vec<(u8, bool)> {
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Default)]
     struct Channel {
         program: Option<u8>,
         /// End of the last note that sounds on it.
         busy_until: u64,
         /// Start of its latest note-on.
         last_start: Option<u64>,
+        /// (end, pitch) of its notes, for the pitches still sounding.
+        sounding: Vec<(u64, u8)>,
     }
-    let mut chans = [Channel {
-        program: None,
-        busy_until: 0,
-        last_start: None,
-    }; 15];
+    let mut chans: Vec<Channel> = vec![Channel::default(); 15];
     let mut out = vec![(9u8, false); score.notes.len()];
     let mut order: Vec<usize> = (0..score.notes.len())
         .filter(|&i| !score.notes[i].is_drum)
@@ -203,16 +202,33 @@ pub fn allocate_channels(score: &Score) -> Vec<(u8, bool)> {
         let n = &score.notes[i];
         let end = n.end().max(n.start + 1);
         let same = (0..15).find(|&c| chans[c].program == Some(n.program));
+        // A note of this pitch ending right now on another track could be
+        // ordered after this note-on by a reader: avoid such a channel.
         let idle = || {
             (0..15)
                 .filter(|&c| chans[c].busy_until <= n.start)
-                .min_by_key(|&c| (chans[c].program.is_some(), chans[c].busy_until))
+                .min_by_key(|&c| {
+                    let ch = &chans[c];
+                    let ends_now = ch
+                        .sounding
+                        .iter()
+                        .any(|&(e, p)| p == n.pitch && e == n.start);
+                    (ch.program.is_some(), ends_now, ch.busy_until)
+                })
         };
-        // More programs sounding than channels: the channel whose notes end
-        // soonest and that has no note-on at this very tick.
+        // More programs sounding than channels: the channel with no note-on
+        // at this very tick, no sounding note of this pitch (whose note-off
+        // would end this one), and whose notes end soonest.
         let busy = || {
             (0..15)
-                .min_by_key(|&c| (chans[c].last_start == Some(n.start), chans[c].busy_until))
+                .min_by_key(|&c| {
+                    let ch = &chans[c];
+                    let same_pitch = ch
+                        .sounding
+                        .iter()
+                        .any(|&(e, p)| p == n.pitch && e > n.start);
+                    (ch.last_start == Some(n.start), same_pitch, ch.busy_until)
+                })
                 .unwrap_or(0)
         };
         let (c, change) = match same {
@@ -223,6 +239,8 @@ pub fn allocate_channels(score: &Score) -> Vec<(u8, bool)> {
         ch.program = Some(n.program);
         ch.busy_until = ch.busy_until.max(end);
         ch.last_start = Some(n.start);
+        ch.sounding.retain(|&(e, _)| e >= n.start);
+        ch.sounding.push((end, n.pitch));
         out[i] = (MELODIC_CHANNELS[c], change);
     }
     out
