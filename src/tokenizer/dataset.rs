@@ -230,6 +230,12 @@ pub fn write_dataset(
     results: Vec<Result<Tokenized>>,
 ) -> Result<Manifest> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for p in crate::util::clean_stale_temps(dir) {
+        eprintln!(
+            "warning: removed {} left by a process that was killed",
+            p.display()
+        );
+    }
     // A replaced dataset is incomplete (no manifest) until the new one is in.
     let old_manifest = dir.join(MANIFEST_FILE);
     if old_manifest.is_file() {
