@@ -818,6 +818,10 @@ fn bad_training_settings_are_refused_naming_their_source() {
         std::fs::remove_dir_all(tmp.path().join("r")).ok();
         e
     };
+    let e = err(&|o| o.run_dir = data.clone());
+    assert!(e.contains("is the --data folder"), "{e}");
+    assert!(dataset::Dataset::open(&data).is_ok());
+    assert!(!data.join("config.json").exists());
     let e = err(&|o| o.steps = Some(0));
     assert!(e.contains("steps must be at least 1"), "{e}");
     let e = err(&|o| o.lr = Some(-1.0));
@@ -899,6 +903,10 @@ fn generate_guards_its_inputs_outputs_and_memory() {
             r.stderr
         );
     }
+    // Nor over the model's own files.
+    let r = gen(&["-o", s(&run.join("config.json"))]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("--model"), "{}", r.stderr);
     let x = tmp.path().join("x");
     for flag in ["--png", "--wav", "--tokens-out"] {
         let r = gen(&["-o", s(&x), flag, s(&x)]);

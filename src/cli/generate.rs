@@ -196,7 +196,18 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     {
         let outputs = generate_outputs(&a);
         let outs: Vec<(&str, &Path)> = outputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
-        let mut inputs: Vec<(&str, &Path)> = Vec::new();
+        let model_files: Vec<PathBuf> = [
+            checkpoint::CONFIG_FILE,
+            checkpoint::VOCAB_FILE,
+            checkpoint::MODEL_FILE,
+        ]
+        .iter()
+        .map(|f| a.model.join(f))
+        .collect();
+        let mut inputs: Vec<(&str, &Path)> = model_files
+            .iter()
+            .map(|p| ("--model", p.as_path()))
+            .collect();
         if let Some(p) = &a.prompt {
             inputs.push(("--prompt", p));
         }

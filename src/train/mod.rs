@@ -514,6 +514,14 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             run.display()
         );
     }
+    if let Some(d) = &o.data {
+        if crate::util::same_file(d, run) {
+            bail!(
+                "-o {} is the --data folder: a run needs a folder of its own",
+                run.display()
+            );
+        }
+    }
     let data_path = match (&o.data, o.resume) {
         (Some(d), _) => resolve_dataset(d, run, &vocab)?,
         (None, true) => PathBuf::from(&cfg.dataset),
