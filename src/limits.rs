@@ -37,6 +37,10 @@ pub struct Limits {
 
 /// 64 MiB.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
+/// Largest configuration, vocabulary or report file read (JSON, TOML).
+pub const MAX_CONFIG_BYTES: u64 = 64 << 20;
+/// Largest dataset index (`pieces.json`, `manifest.json`) read.
+pub const MAX_INDEX_BYTES: u64 = 1 << 30;
 pub const DEFAULT_MAX_EVENTS: usize = 4_000_000;
 /// About 14 hours at 120 BPM.
 pub const DEFAULT_MAX_QUARTERS: u64 = 100_000;

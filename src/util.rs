@@ -217,7 +217,6 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 /// Reads a JSON file; errors name the file.
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = crate::limits::read_text(path, crate::limits::MAX_CONFIG_BYTES)?;
     serde_json::from_str(&text).with_context(|| format!("{}: unexpected content", path.display()))
 }

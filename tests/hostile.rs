@@ -1352,3 +1352,28 @@ fn vocab_stats_and_compare_never_write_over_their_inputs() {
     assert_eq!(r.code, 1, "{}", r.all());
     assert_eq!(std::fs::read_to_string(&rep).unwrap(), "{}");
 }
+
+#[test]
+fn configuration_inputs_that_are_devices_or_fifos_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mid = tmp.path().join("a.mid");
+    std::fs::write(&mid, scale_bytes()).unwrap();
+    let fifo = tmp.path().join("vocab.json");
+    let have_fifo = mkfifo(&fifo);
+    for v in ["/dev/zero", s(&fifo)] {
+        if v != "/dev/zero" && !have_fifo {
+            continue;
+        }
+        let r = run_limited(&["encode", s(&mid), "--vocab", v], 10.0);
+        assert_eq!(r.code, 1, "{}", r.all());
+        assert!(
+            r.stderr.contains(v) && r.stderr.contains("only regular files"),
+            "{}",
+            r.stderr
+        );
+        let out = tmp.path().join("v.json");
+        let r = run_limited(&["vocab", "--config", v, "-o", s(&out)], 10.0);
+        assert_eq!(r.code, 1, "{}", r.all());
+        assert!(r.stderr.contains("only regular files"), "{}", r.stderr);
+    }
+}

@@ -295,8 +295,7 @@ pub fn vocab(a: VocabArgs) -> Result<i32> {
     }
     let config = match &a.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read {}", p.display()))?;
+            let text = crate::limits::read_text(p, crate::limits::MAX_CONFIG_BYTES)?;
             toml::from_str(&text)
                 .with_context(|| format!("{}: bad tokenizer config", p.display()))?
         }

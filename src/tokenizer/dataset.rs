@@ -317,7 +317,7 @@ impl Dataset {
     pub fn open(dir: &Path) -> Result<Dataset> {
         let read = |name: &str| -> Result<Vec<u8>> {
             let p = dir.join(name);
-            std::fs::read(&p).with_context(|| {
+            crate::limits::read_file(&p, crate::limits::MAX_INDEX_BYTES).with_context(|| {
                 format!(
                     "cannot read {} (is {} a dataset made by `cadenza tokenize`?)",
                     p.display(),

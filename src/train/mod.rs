@@ -148,7 +148,7 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
     }
     let file: ConfigFile = match &o.config_file {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
+            let text = crate::limits::read_text(p, crate::limits::MAX_CONFIG_BYTES)
                 .with_context(|| format!("cannot read config {}", p.display()))?;
             toml::from_str(&text).with_context(|| format!("{}: bad config", p.display()))?
         }
