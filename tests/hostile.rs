@@ -792,6 +792,54 @@ fn a_run_folder_is_locked_while_a_process_trains_in_it() {
     assert!(r.stderr.contains("is in use"), "{}", r.stderr);
     assert!(!fresh.join("config.json").exists());
 
+    // Two real processes: the second is refused with the first one's pid.
+    let both = tmp.path().join("both");
+    let args = |dir: &Path| -> Vec<String> {
+        [
+            "train",
+            "--data",
+            s(&data),
+            "-o",
+            s(dir),
+            "--preset",
+            "tiny",
+            "--steps",
+            "100000",
+            "--seq-len",
+            "16",
+            "--batch",
+            "2",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    };
+    let mut first = Command::new(bin())
+        .args(args(&both))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !both.join("train.lock").exists() && t0.elapsed().as_secs() < 30 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second: Vec<String> = args(&both);
+    let second: Vec<&str> = second.iter().map(|a| a.as_str()).collect();
+    let r = run_limited(&second, 60.0);
+    first.kill().ok();
+    first.wait().ok();
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(
+        r.stderr.contains(&format!("process {}", first.id())),
+        "{}",
+        r.stderr
+    );
+
     // A stale lock and stale temporaries of a killed run: taken over, cleaned.
     let dead = dead_pid();
     std::fs::write(run.join("train.lock"), format!("{dead}\n")).unwrap();
