@@ -65,6 +65,11 @@ pub struct GenerateArgs {
     /// Sample without the grammar constraint.
     #[arg(long)]
     pub unconstrained: bool,
+    /// Instruments the piece may use: `prompt` (those of the prompt; any
+    /// when there is no prompt), `any`, or General MIDI program numbers and
+    /// `drums`, comma-separated (e.g. `0,33,drums`).
+    #[arg(long, default_value = "prompt")]
+    pub programs: String,
     /// cpu, cuda, cuda:N or auto.
     #[arg(long)]
     pub device: Option<String>,
@@ -127,6 +132,34 @@ pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
         None => format!("{stem}-{}", i + 1),
     };
     path.with_file_name(name)
+}
+
+/// The `--programs` value: `None` for any instrument, else the allowed
+/// `Program` values. `prompt` means those of the prompt (`in_prompt`), or any
+/// when the prompt has none.
+pub fn parse_programs(arg: &str, in_prompt: &[u8]) -> Result<Option<Vec<u8>>> {
+    match arg.trim() {
+        "any" => return Ok(None),
+        "prompt" => return Ok((!in_prompt.is_empty()).then(|| in_prompt.to_vec())),
+        _ => {}
+    }
+    let mut out = Vec::new();
+    for part in arg.split(',').map(str::trim) {
+        let p = match part {
+            "drums" => tokenizer::DRUMS,
+            n => match n.parse::<u8>() {
+                Ok(p) if p < 128 => p,
+                _ => bail!(
+                    "--programs: `{part}` is not a General MIDI program (0-127) or `drums`; \
+                     use `prompt`, `any` or a comma-separated list such as 0,33,drums"
+                ),
+            },
+        };
+        out.push(p);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(Some(out))
 }
 
 fn render_options() -> render::RenderOptions {
@@ -255,6 +288,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         );
     }
     check_memory(&a, &m.config.model, prompt.len())?;
+    let programs = parse_programs(&a.programs, &sample::programs_of(vocab, &prompt))?;
     let cfg = SampleConfig {
         max_tokens: a.tokens,
         max_bars: a.max_bars,
@@ -273,6 +307,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             max_note_quarters: a.max_note_quarters,
             max_same_pitch: a.max_same_pitch,
         },
+        programs,
     };
     let pb = indicatif::ProgressBar::new(a.tokens as u64);
     pb.set_style(
@@ -446,4 +481,27 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
         crate::util::write_atomic(m, table.as_bytes())?;
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_flag() {
+        assert_eq!(parse_programs("any", &[0]).unwrap(), None);
+        assert_eq!(
+            parse_programs("prompt", &[0, 40]).unwrap(),
+            Some(vec![0, 40])
+        );
+        assert_eq!(parse_programs("prompt", &[]).unwrap(), None);
+        assert_eq!(
+            parse_programs("33, drums,0,33", &[]).unwrap(),
+            Some(vec![0, 33, tokenizer::DRUMS])
+        );
+        for bad in ["128", "piano", "", "1,,2"] {
+            let e = parse_programs(bad, &[]).unwrap_err().to_string();
+            assert!(e.contains("--programs"), "{e}");
+        }
+    }
 }

@@ -4,7 +4,7 @@ mod generate;
 mod learn;
 mod tokens;
 
-use std::path::PathBuf;
+pub use tokens::{LimitOpt, VocabOpt};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -54,52 +54,6 @@ pub enum Command {
     Stats(generate::StatsArgs),
     /// Render a MIDI file to WAV with a General MIDI SoundFont.
     Render(generate::RenderArgs),
-}
-
-/// Options shared by commands that tokenize.
-#[derive(clap::Args, Debug, Clone)]
-pub struct VocabOpt {
-    /// Vocabulary JSON file (default: the built-in default REMI+ vocabulary,
-    /// the same as vocab/remi-default.json).
-    #[arg(long)]
-    pub vocab: Option<PathBuf>,
-}
-
-/// Per-file limits of commands that read MIDI (see `crate::limits`).
-#[derive(clap::Args, Debug, Clone)]
-pub struct LimitOpt {
-    /// Largest input file read, in MiB (a bigger one is refused).
-    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_FILE_BYTES >> 20)]
-    pub max_file_mb: u64,
-    /// Most MIDI events in one file.
-    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_EVENTS)]
-    pub max_events: usize,
-    /// Longest piece, in quarter notes up to its last event.
-    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_QUARTERS)]
-    pub max_quarters: u64,
-    /// Most tokens in one piece.
-    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_TOKENS)]
-    pub max_tokens: usize,
-}
-
-impl LimitOpt {
-    pub fn limits(&self) -> crate::limits::Limits {
-        crate::limits::Limits {
-            max_file_bytes: self.max_file_mb.saturating_mul(1 << 20),
-            max_events: self.max_events,
-            max_quarters: self.max_quarters,
-            max_tokens: self.max_tokens,
-        }
-    }
-}
-
-impl VocabOpt {
-    pub fn load(&self) -> Result<crate::tokenizer::Vocab> {
-        match &self.vocab {
-            Some(p) => crate::tokenizer::Vocab::load(p),
-            None => crate::tokenizer::Vocab::new(crate::tokenizer::RemiConfig::default()),
-        }
-    }
 }
 
 pub fn run(cli: Cli) -> Result<i32> {

@@ -6,9 +6,54 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use super::{LimitOpt, VocabOpt};
 use crate::midi;
 use crate::tokenizer::{self, dataset};
+
+/// Options shared by commands that tokenize.
+#[derive(clap::Args, Debug, Clone)]
+pub struct VocabOpt {
+    /// Vocabulary JSON file (default: the built-in default REMI+ vocabulary,
+    /// the same as vocab/remi-default.json).
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
+}
+
+impl VocabOpt {
+    pub fn load(&self) -> Result<tokenizer::Vocab> {
+        match &self.vocab {
+            Some(p) => tokenizer::Vocab::load(p),
+            None => tokenizer::Vocab::new(tokenizer::RemiConfig::default()),
+        }
+    }
+}
+
+/// Per-file limits of commands that read MIDI (see `crate::limits`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LimitOpt {
+    /// Largest input file read, in MiB (a bigger one is refused).
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_FILE_BYTES >> 20)]
+    pub max_file_mb: u64,
+    /// Most MIDI events in one file.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_EVENTS)]
+    pub max_events: usize,
+    /// Longest piece, in quarter notes up to its last event.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_QUARTERS)]
+    pub max_quarters: u64,
+    /// Most tokens in one piece.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_TOKENS)]
+    pub max_tokens: usize,
+}
+
+impl LimitOpt {
+    pub fn limits(&self) -> crate::limits::Limits {
+        crate::limits::Limits {
+            max_file_bytes: self.max_file_mb.saturating_mul(1 << 20),
+            max_events: self.max_events,
+            max_quarters: self.max_quarters,
+            max_tokens: self.max_tokens,
+        }
+    }
+}
 
 #[derive(clap::Args, Debug)]
 pub struct EncodeArgs {

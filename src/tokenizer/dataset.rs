@@ -23,6 +23,8 @@ pub const TOKENS_FILE: &str = "tokens.bin";
 pub const PIECES_FILE: &str = "pieces.json";
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const VOCAB_FILE: &str = "vocab.json";
+/// What marks a training run folder (`train::checkpoint::CONFIG_FILE`).
+const RUN_CONFIG_FILE: &str = "config.json";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Piece {
@@ -86,7 +88,7 @@ pub fn check_output_dir(dir: &Path, force: bool) -> Result<()> {
         .map(|m| format!(" of {} pieces", m.pieces))
         .unwrap_or_default();
         format!("holds a dataset{n}")
-    } else if dir.join(crate::train::checkpoint::CONFIG_FILE).is_file() {
+    } else if dir.join(RUN_CONFIG_FILE).is_file() {
         "is a training run folder (its vocab.json would be replaced)".to_string()
     } else {
         "is not empty".to_string()
