@@ -14,7 +14,13 @@ use serde::{Deserialize, Serialize};
 
 /// Writes `bytes` to `path` through a temporary file in the same folder and a
 /// rename, so that a reader never sees a half-written file.
+/// The folder is created when missing.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     write_via_temp(path, |tmp| {
         let mut f = std::fs::File::create(tmp)
             .with_context(|| format!("cannot create {}", tmp.display()))?;
@@ -26,13 +32,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// Lets `write` fill a temporary file (`.NAME.<pid>.tmp` next to `path`), then
 /// renames it to `path`. On any error the temporary file is removed and
-/// `path` is left as it was.
+/// `path` is left as it was. The folder must exist.
 pub fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let name = path
         .file_name()
         .with_context(|| format!("{} is not a file path", path.display()))?;
