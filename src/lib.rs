@@ -8,7 +8,8 @@
 //! - [`train`]: batches, the optimizer, checkpoints, runs;
 //! - [`eval`]: what a model learned, per token type and pitch context;
 //! - [`sample`]: generation and statistics of pieces;
-//! - [`render`]: WAV and pictures.
+//! - [`render`]: WAV and pictures;
+//! - [`limits`]: what one input may cost (sizes, lengths, regular files only).
 
 pub mod cli;
 pub mod eval;
@@ -18,4 +19,4 @@ pub mod train;
 
 // The stages that need no libtorch are compiled in `cadenza-core` (core/),
 // from their folders here, and appear under the same names.
-pub use cadenza_core::{midi, render, tokenizer, util};
+pub use cadenza_core::{limits, midi, render, tokenizer, util};

@@ -13,7 +13,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Command as Process;
 
-use cadenza_core::{midi, tokenizer};
+use cadenza_core::{limits, midi, tokenizer, util};
 use clap::{Parser, Subcommand};
 
 #[path = "cli/tokens.rs"]

@@ -414,6 +414,8 @@ fn cli_reports_bad_inputs_clearly() {
             "-o",
             &ds.display().to_string(),
             "--strict",
+            // The folder now holds a dataset: replacing it needs --force.
+            "--force",
         ])
         .output()
         .unwrap();

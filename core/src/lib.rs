@@ -3,7 +3,8 @@
 //! - [`midi`]: MIDI files to and from a plain [`midi::Score`];
 //! - [`tokenizer`]: REMI+ tokens, the vocabulary, the grammar, token datasets;
 //! - [`render`]: WAV rendering with a SoundFont, piano rolls and plots;
-//! - [`util`]: atomic file writes.
+//! - [`util`]: atomic file writes, output-path checks;
+//! - [`limits`]: what one input may cost (sizes, lengths, regular files only).
 //!
 //! Other Rust programs can read, tokenize and render music with this crate
 //! alone; the `cadenza` crate re-exports these modules under the same names,
@@ -15,6 +16,8 @@
 //! The sources stay in the main crate's `src/` folders, one per stage, so
 //! that the pipeline reads in one place; they are compiled here and only here.
 
+#[path = "../../src/limits.rs"]
+pub mod limits;
 #[path = "../../src/midi/mod.rs"]
 pub mod midi;
 #[path = "../../src/render/mod.rs"]

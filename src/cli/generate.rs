@@ -88,6 +88,16 @@ pub struct GenerateArgs {
     /// SoundFont for --wav (default: a system General MIDI SoundFont).
     #[arg(long)]
     pub soundfont: Option<PathBuf>,
+    /// Longest prompt, in tokens (after --prompt-bars); a longer one is refused.
+    #[arg(long, default_value_t = 16_384)]
+    pub max_prompt_tokens: usize,
+    /// Memory that generation may use, in MiB (default: half of the memory
+    /// available now, or 8 GiB where unknown). --num-samples, --tokens and
+    /// the prompt are checked against it before the model runs.
+    #[arg(long)]
+    pub max_memory_mb: Option<u64>,
+    #[command(flatten)]
+    pub limits: super::LimitOpt,
 }
 
 #[derive(clap::Args, Debug)]
@@ -104,6 +114,8 @@ pub struct RenderArgs {
     pub soundfont: Option<PathBuf>,
     #[arg(long, default_value_t = 44_100)]
     pub sample_rate: u32,
+    #[command(flatten)]
+    pub limits: super::LimitOpt,
 }
 
 /// OUT.mid for one sample, OUT-1.mid, OUT-2.mid ... for several.
@@ -157,7 +169,86 @@ fn render_options() -> render::RenderOptions {
     }
 }
 
+/// Every output path of `generate` (numbered per sample), with its flag.
+fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
+    let n = a.num_samples;
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(("-o", numbered(&a.output, i, n)));
+        for (flag, p) in [
+            ("--wav", &a.wav),
+            ("--png", &a.png),
+            ("--tokens-out", &a.tokens_out),
+        ] {
+            if let Some(p) = p {
+                out.push((flag, numbered(p, i, n)));
+            }
+        }
+    }
+    out
+}
+
+/// Refuses a generation whose estimated memory exceeds the budget.
+fn check_memory(
+    a: &GenerateArgs,
+    cfg: &crate::model::ModelConfig,
+    prompt_len: usize,
+) -> Result<()> {
+    let need = sample::estimate_bytes(cfg, a.num_samples, prompt_len, a.tokens);
+    let (budget, source) = match a.max_memory_mb {
+        Some(mb) => (mb as u128 * (1 << 20), "--max-memory-mb"),
+        None => match crate::limits::available_memory() {
+            Some(b) => (b as u128 / 2, "half of the available memory"),
+            None => (8u128 << 30, "the default 8 GiB"),
+        },
+    };
+    if need > budget {
+        bail!(
+            "--num-samples {} x (a {prompt_len}-token prompt + --tokens {}) needs about {} MiB, \
+             more than {} MiB ({source}); generate fewer or shorter pieces, or raise \
+             --max-memory-mb",
+            a.num_samples,
+            a.tokens,
+            need >> 20,
+            budget >> 20
+        );
+    }
+    Ok(())
+}
+
 pub fn generate(a: GenerateArgs) -> Result<i32> {
+    if a.num_samples == 0 {
+        bail!("--num-samples must be at least 1");
+    }
+    if a.prompt_bars == Some(0) {
+        bail!("--prompt-bars 0 would drop the whole prompt; give at least 1 bar, or leave out --prompt to start from nothing");
+    }
+    if a.prompt_bars.is_some() && a.prompt.is_none() {
+        bail!("--prompt-bars needs --prompt");
+    }
+    {
+        let outputs = generate_outputs(&a);
+        let outs: Vec<(&str, &Path)> = outputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
+        let model_files: Vec<PathBuf> = [
+            checkpoint::CONFIG_FILE,
+            checkpoint::VOCAB_FILE,
+            checkpoint::MODEL_FILE,
+        ]
+        .iter()
+        .map(|f| a.model.join(f))
+        .collect();
+        let mut inputs: Vec<(&str, &Path)> = model_files
+            .iter()
+            .map(|p| ("--model", p.as_path()))
+            .collect();
+        if let Some(p) = &a.prompt {
+            inputs.push(("--prompt", p));
+        }
+        if let Some(sf) = &a.soundfont {
+            inputs.push(("--soundfont", sf));
+        }
+        crate::util::check_outputs(&inputs, &outs)?;
+    }
     let device = checkpoint::parse_device(a.device.as_deref())?;
     crate::train::set_threads(0);
     // Fail early on a missing SoundFont rather than after sampling.
@@ -168,9 +259,10 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     let mut m = checkpoint::load_model(&a.model, device)?;
     m.model.freeze(a.seed);
     let vocab = &m.vocab;
+    let limits = a.limits.limits();
     let body = match &a.prompt {
         Some(p) => {
-            let (score, report) = midi::read_file(p)?;
+            let (score, report) = midi::read_file_with(p, &limits)?;
             for w in report.warnings() {
                 eprintln!("warning: {}: {w}", p.display());
             }
@@ -186,6 +278,16 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         None => Vec::new(),
     };
     let prompt = sample::prompt_tokens(&body, a.prompt_bars);
+    if prompt.len() > a.max_prompt_tokens {
+        bail!(
+            "{}: the prompt is {} tokens long, more than --max-prompt-tokens {}; \
+             use --prompt-bars to keep its beginning, or raise the limit",
+            a.prompt.as_deref().unwrap_or(Path::new("prompt")).display(),
+            prompt.len(),
+            a.max_prompt_tokens
+        );
+    }
+    check_memory(&a, &m.config.model, prompt.len())?;
     let programs = parse_programs(&a.programs, &sample::programs_of(vocab, &prompt))?;
     let cfg = SampleConfig {
         max_tokens: a.tokens,
@@ -273,7 +375,18 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
 }
 
 pub fn render_cmd(a: RenderArgs) -> Result<i32> {
-    let (score, report) = midi::read_file(&a.input)?;
+    {
+        let mut inputs: Vec<(&str, &Path)> = vec![("input", &a.input)];
+        if let Some(sf) = &a.soundfont {
+            inputs.push(("--soundfont", sf));
+        }
+        let mut outputs: Vec<(&str, &Path)> = vec![("-o", &a.output)];
+        if let Some(p) = &a.png {
+            outputs.push(("--png", p));
+        }
+        crate::util::check_outputs(&inputs, &outputs)?;
+    }
+    let (score, report) = midi::read_file_with(&a.input, &a.limits.limits())?;
     for w in report.warnings() {
         eprintln!("warning: {}: {w}", a.input.display());
     }
@@ -333,6 +446,15 @@ fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
 
 pub fn stats(a: StatsArgs) -> Result<i32> {
     use crate::sample::stats;
+    if let Some(m) = &a.markdown {
+        let inputs: Vec<(&str, &Path)> = a
+            .generated
+            .iter()
+            .map(|p| ("generated", p.as_path()))
+            .chain(a.real.iter().map(|p| ("--real", p.as_path())))
+            .collect();
+        crate::util::check_outputs(&inputs, &[("--markdown", m)])?;
+    }
     let generated = midi_scores(&a.generated)?;
     let mut real = Vec::new();
     for r in &a.real {

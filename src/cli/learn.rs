@@ -232,6 +232,9 @@ pub fn train(a: TrainArgs) -> Result<i32> {
 }
 
 pub fn eval(a: EvalArgs) -> Result<i32> {
+    if let (Some(j), Some(p)) = (&a.json, &a.png) {
+        crate::util::check_outputs(&[], &[("--json", j), ("--png", p)])?;
+    }
     let r = eval::evaluate(&eval::EvalOptions {
         model_dir: a.model.clone(),
         data: a.data,
@@ -294,6 +297,15 @@ pub struct CompareArgs {
 }
 
 pub fn compare(a: CompareArgs) -> Result<i32> {
+    {
+        let inputs: Vec<(&str, &std::path::Path)> =
+            a.reports.iter().map(|p| ("report", p.as_path())).collect();
+        let mut outputs: Vec<(&str, &std::path::Path)> = vec![("--png", &a.png)];
+        if let Some(m) = &a.markdown {
+            outputs.push(("--markdown", m));
+        }
+        crate::util::check_outputs(&inputs, &outputs)?;
+    }
     let reports: Vec<eval::EvalReport> = a
         .reports
         .iter()

@@ -4,7 +4,7 @@ mod generate;
 mod learn;
 mod tokens;
 
-pub use tokens::VocabOpt;
+pub use tokens::{LimitOpt, VocabOpt};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -27,6 +27,34 @@ impl VocabOpt {
     }
 }
 
+/// Per-file limits of commands that read MIDI (see `crate::limits`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LimitOpt {
+    /// Largest input file read, in MiB (a bigger one is refused).
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_FILE_BYTES >> 20)]
+    pub max_file_mb: u64,
+    /// Most MIDI events in one file.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_EVENTS)]
+    pub max_events: usize,
+    /// Longest piece, in quarter notes up to its last event.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_QUARTERS)]
+    pub max_quarters: u64,
+    /// Most tokens in one piece.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_MAX_TOKENS)]
+    pub max_tokens: usize,
+}
+
+impl LimitOpt {
+    pub fn limits(&self) -> crate::limits::Limits {
+        crate::limits::Limits {
+            max_file_bytes: self.max_file_mb.saturating_mul(1 << 20),
+            max_events: self.max_events,
+            max_quarters: self.max_quarters,
+            max_tokens: self.max_tokens,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct EncodeArgs {
     /// MIDI file.
@@ -36,6 +64,8 @@ pub struct EncodeArgs {
     /// Print ids instead of token strings.
     #[arg(long)]
     pub ids: bool,
+    #[command(flatten)]
+    pub limits: LimitOpt,
 }
 
 #[derive(clap::Args, Debug)]
@@ -47,6 +77,8 @@ pub struct DecodeArgs {
     pub output: PathBuf,
     #[command(flatten)]
     pub vocab: VocabOpt,
+    #[command(flatten)]
+    pub limits: LimitOpt,
 }
 
 #[derive(clap::Args, Debug)]
@@ -55,6 +87,8 @@ pub struct InspectArgs {
     pub file: PathBuf,
     #[command(flatten)]
     pub vocab: VocabOpt,
+    #[command(flatten)]
+    pub limits: LimitOpt,
 }
 
 #[derive(clap::Args, Debug)]
@@ -73,6 +107,12 @@ pub struct TokenizeArgs {
     /// Worker threads (default: all cores).
     #[arg(long, short = 'j')]
     pub threads: Option<usize>,
+    /// Replace the output folder when it already holds a dataset, a run or
+    /// other files.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub limits: LimitOpt,
 }
 
 #[derive(clap::Args, Debug)]
@@ -87,11 +127,15 @@ pub struct VocabArgs {
 
 pub fn encode(a: EncodeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
-    let (score, report) = midi::read_file(&a.file)?;
+    let limits = a.limits.limits();
+    let (score, report) = midi::read_file_with(&a.file, &limits)?;
     for w in report.warnings() {
         eprintln!("warning: {}: {w}", a.file.display());
     }
     let (ids, q) = tokenizer::encode(&score, &vocab);
+    limits
+        .check_tokens(ids.len())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     for w in q.warnings() {
         eprintln!("warning: {}: {w}", a.file.display());
     }
@@ -107,11 +151,24 @@ pub fn encode(a: EncodeArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Reads token strings or ids separated by whitespace; errors name the file,
-/// the line and the token.
-pub fn read_token_file(path: &std::path::Path, vocab: &tokenizer::Vocab) -> Result<Vec<u32>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+/// Reads a regular file of token strings or ids separated by whitespace,
+/// within `limits` (bytes, tokens); errors name the file, the line and the token.
+pub fn read_token_file_with(
+    path: &std::path::Path,
+    vocab: &tokenizer::Vocab,
+    limits: &crate::limits::Limits,
+) -> Result<Vec<u32>> {
+    let text = crate::limits::read_text(path, limits.max_file_bytes)?;
+    parse_tokens(&text, vocab, limits).map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))
+}
+
+/// Parses token strings or ids separated by whitespace. The error starts
+/// with the line number ("3: unknown token ...").
+pub fn parse_tokens(
+    text: &str,
+    vocab: &tokenizer::Vocab,
+    limits: &crate::limits::Limits,
+) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
     for (ln, line) in text.lines().enumerate() {
         for word in line.split_whitespace() {
@@ -120,22 +177,29 @@ pub fn read_token_file(path: &std::path::Path, vocab: &tokenizer::Vocab) -> Resu
                 None => match word.parse::<u32>() {
                     Ok(id) if (id as usize) < vocab.len() => id,
                     _ => bail!(
-                        "{}:{}: unknown token {word:?} for vocabulary {}",
-                        path.display(),
+                        "{}: unknown token {word:?} for vocabulary {}",
                         ln + 1,
                         vocab.hash()
                     ),
                 },
             };
             ids.push(id);
+            if ids.len() > limits.max_tokens {
+                bail!(
+                    "{}: more than {} tokens (raise the limit with --max-tokens)",
+                    ln + 1,
+                    limits.max_tokens
+                );
+            }
         }
     }
     Ok(ids)
 }
 
 pub fn decode(a: DecodeArgs) -> Result<i32> {
+    crate::util::check_outputs(&[("tokens", &a.tokens)], &[("-o", &a.output)])?;
     let vocab = a.vocab.load()?;
-    let ids = read_token_file(&a.tokens, &vocab)?;
+    let ids = read_token_file_with(&a.tokens, &vocab, &a.limits.limits())?;
     let (score, report) = tokenizer::decode(&ids, &vocab);
     if !report.is_clean() {
         eprintln!(
@@ -158,12 +222,15 @@ pub fn decode(a: DecodeArgs) -> Result<i32> {
 
 pub fn inspect(a: InspectArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
-    let bytes =
-        std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;
+    let limits = a.limits.limits();
+    let bytes = crate::limits::read_file(&a.file, limits.max_file_bytes)?;
+    let (score, report) = midi::parse_named_with(&bytes, &a.file, &limits)?;
     let smf = midly::Smf::parse(&bytes)
         .map_err(|e| anyhow::anyhow!("{}: not a valid MIDI file: {e}", a.file.display()))?;
-    let (score, report) = midi::parse_named(&bytes, &a.file)?;
     let (ids, q) = tokenizer::encode(&score, &vocab);
+    limits
+        .check_tokens(ids.len())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     println!("file:            {}", a.file.display());
     println!("format:          {:?}", smf.header.format);
     println!("timing:          {:?}", smf.header.timing);
@@ -208,10 +275,12 @@ pub fn inspect(a: InspectArgs) -> Result<i32> {
 
 pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
+    dataset::check_output_dir(&a.output, a.force)?;
     let files = dataset::collect_midi_files(&a.inputs)?;
     if files.is_empty() {
         bail!("no .mid/.midi files found under the inputs");
     }
+    let limits = a.limits.limits();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.unwrap_or(0))
         .build()
@@ -225,9 +294,23 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
         .progress_chars("=> "),
     );
     let t0 = Instant::now();
-    let results = pool.install(|| dataset::tokenize_files(&files, &vocab, &|| pb.inc(1)));
+    let results =
+        pool.install(|| dataset::tokenize_files_with(&files, &vocab, &limits, &|| pb.inc(1)));
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
+    if results.iter().all(|r| !matches!(r, Ok(t) if t.notes > 0)) {
+        for ((p, _), r) in files.iter().zip(&results) {
+            match r {
+                Err(e) => eprintln!("skipped {}: {e:#}", p.display()),
+                Ok(_) => eprintln!("skipped {}: no notes", p.display()),
+            }
+        }
+        bail!(
+            "none of the {} input file(s) could be tokenized; no dataset written to {}",
+            files.len(),
+            a.output.display()
+        );
+    }
     let m = dataset::write_dataset(&a.output, &vocab, &files, results)?;
     for s in &m.skipped {
         eprintln!("skipped {}: {}", s.path, s.reason);
@@ -252,16 +335,21 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
 }
 
 pub fn vocab(a: VocabArgs) -> Result<i32> {
+    if let Some(c) = &a.config {
+        crate::util::check_outputs(&[("--config", c)], &[("-o", &a.output)])?;
+    }
     let config = match &a.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read {}", p.display()))?;
+            let text = crate::limits::read_text(p, crate::limits::MAX_CONFIG_BYTES)?;
             toml::from_str(&text)
                 .with_context(|| format!("{}: bad tokenizer config", p.display()))?
         }
         None => tokenizer::RemiConfig::default(),
     };
-    let v = tokenizer::Vocab::new(config)?;
+    let v = tokenizer::Vocab::new(config).with_context(|| match &a.config {
+        Some(p) => format!("{}: bad tokenizer config", p.display()),
+        None => "bad default tokenizer config".to_string(),
+    })?;
     v.save(&a.output)?;
     println!(
         "wrote {} ({} tokens, hash {})",

@@ -4,6 +4,9 @@ mod read;
 mod score;
 mod write;
 
-pub use read::{parse, parse_named, read_file, MidiError, ReadReport, SMPTE_TICKS_PER_QUARTER};
+pub use read::{
+    parse, parse_named, parse_named_with, parse_with, read_file, read_file_with, Limits, MidiError,
+    ReadReport, SMPTE_TICKS_PER_QUARTER,
+};
 pub use score::{Note, Score, TempoChange, TimeSignature, DEFAULT_US_PER_QUARTER};
 pub use write::{to_bytes, write_file};

@@ -6,6 +6,7 @@ use std::path::Path;
 use midly::{Format, MetaMessage, MidiMessage, Smf, Timing, TrackEventKind};
 
 use super::score::{Note, Score, TempoChange, TimeSignature};
+pub use crate::limits::Limits;
 
 /// Ticks per quarter used when a SMPTE-timed file is converted to a metrical grid
 /// (at a fixed 120 BPM, so that seconds are preserved).
@@ -20,6 +21,9 @@ pub enum MidiError {
     },
     #[error("{path}: not a valid MIDI file: {reason}")]
     Parse { path: String, reason: String },
+    /// Not a regular file, too big, too long: refused by a [`Limits`] check.
+    #[error("{0:#}")]
+    Refused(anyhow::Error),
 }
 
 /// What the reader had to repair or ignore; never fatal.
@@ -33,6 +37,8 @@ pub struct ReadReport {
     pub truncated_tracks: usize,
     /// The file used SMPTE (timecode) timing and was converted.
     pub smpte_converted: bool,
+    /// The header gave 0 ticks per quarter (invalid); read as 1.
+    pub zero_division: bool,
 }
 
 impl ReadReport {
@@ -59,37 +65,156 @@ impl ReadReport {
         if self.smpte_converted {
             w.push("SMPTE timing converted to 480 ticks per quarter at 120 BPM".into());
         }
+        if self.zero_division {
+            w.push(
+                "the header gives 0 ticks per quarter (invalid): read as 1 tick per quarter, \
+                 so timing is likely wrong"
+                    .into(),
+            );
+        }
         w
     }
 }
 
-/// Reads and parses a MIDI file; errors name the file.
+/// Reads and parses a MIDI file within the default [`Limits`]; errors name the file.
 pub fn read_file(path: &Path) -> Result<(Score, ReadReport), MidiError> {
-    let bytes = std::fs::read(path).map_err(|source| MidiError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    parse_named(&bytes, path)
+    read_file_with(path, &Limits::default())
 }
 
-/// Parses bytes read from `path`; the error names the file.
+/// Reads and parses a MIDI file within `limits`: only a regular file is
+/// opened, and at most `limits.max_file_bytes` of it are read.
+pub fn read_file_with(path: &Path, limits: &Limits) -> Result<(Score, ReadReport), MidiError> {
+    let bytes =
+        crate::limits::read_file(path, limits.max_file_bytes).map_err(MidiError::Refused)?;
+    parse_named_with(&bytes, path, limits)
+}
+
+/// Parses bytes read from `path` (default limits); the error names the file.
 pub fn parse_named(bytes: &[u8], path: &Path) -> Result<(Score, ReadReport), MidiError> {
-    parse(bytes).map_err(|reason| MidiError::Parse {
-        path: path.display().to_string(),
-        reason,
+    parse_named_with(bytes, path, &Limits::default())
+}
+
+/// Parses bytes read from `path` within `limits`; the error names the file.
+pub fn parse_named_with(
+    bytes: &[u8],
+    path: &Path,
+    limits: &Limits,
+) -> Result<(Score, ReadReport), MidiError> {
+    parse_inner(bytes, limits).map_err(|f| match f {
+        Fail::Invalid(reason) => MidiError::Parse {
+            path: path.display().to_string(),
+            reason,
+        },
+        Fail::Limit(reason) => {
+            MidiError::Refused(anyhow::anyhow!("{}: refused: {reason}", path.display()))
+        }
     })
 }
 
-/// Parses MIDI bytes. The error is a human-readable reason.
+/// Why parsing stopped: a broken file, or one over a limit.
+enum Fail {
+    Invalid(String),
+    Limit(String),
+}
+
+impl From<String> for Fail {
+    fn from(s: String) -> Self {
+        Fail::Invalid(s)
+    }
+}
+
+/// Parses MIDI bytes within the default [`Limits`]. The error is a
+/// human-readable reason.
 pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
+    parse_with(bytes, &Limits::default())
+}
+
+/// Parses MIDI bytes; a file over `limits` (events, length in quarters) is
+/// refused before its notes are built.
+pub fn parse_with(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), String> {
+    parse_inner(bytes, limits).map_err(|f| match f {
+        Fail::Invalid(r) | Fail::Limit(r) => r,
+    })
+}
+
+/// Counts events without building them, stopping past `max` (so that a huge
+/// file is refused before `midly` allocates all of its events).
+fn count_events(bytes: &[u8], max: usize) -> usize {
+    let Ok((_, tracks)) = midly::parse(bytes) else {
+        return 0;
+    };
+    let mut n = 0usize;
+    for track in tracks {
+        let Ok(track) = track else { break };
+        for ev in track {
+            if ev.is_err() {
+                break;
+            }
+            n += 1;
+            if n > max {
+                return n;
+            }
+        }
+    }
+    n
+}
+
+fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fail> {
     if bytes.len() < 14 || &bytes[..4] != b"MThd" {
         // midly accepts RIFF-wrapped files too; anything else without a header is junk.
         if !(bytes.len() >= 4 && &bytes[..4] == b"RIFF") {
-            return Err("missing MThd header".into());
+            return Err(Fail::Invalid("missing MThd header".into()));
         }
+    }
+    if count_events(bytes, limits.max_events) > limits.max_events {
+        return Err(Fail::Limit(format!(
+            "more than {} MIDI events (raise the limit with --max-events)",
+            limits.max_events
+        )));
     }
     let smf = Smf::parse(bytes).map_err(|e| e.to_string())?;
     let mut report = ReadReport::default();
+    let n_events: usize = smf.tracks.iter().map(|t| t.len()).sum();
+    if n_events > limits.max_events {
+        return Err(Fail::Limit(format!(
+            "{n_events} MIDI events, more than the limit of {} (raise it with --max-events)",
+            limits.max_events
+        )));
+    }
+    let (ticks_per_quarter, scale) = match smf.header.timing {
+        Timing::Metrical(tpq) => {
+            if tpq.as_int() == 0 {
+                report.zero_division = true;
+            }
+            (tpq.as_int().max(1) as u32, None)
+        }
+        Timing::Timecode(fps, sub) => {
+            report.smpte_converted = true;
+            let ticks_per_second = (fps.as_f32() as f64 * sub.max(1) as f64).max(1.0);
+            // 120 BPM: a quarter lasts half a second.
+            let per_tick = SMPTE_TICKS_PER_QUARTER as f64 * 2.0 / ticks_per_second;
+            (SMPTE_TICKS_PER_QUARTER, Some(per_tick))
+        }
+    };
+    let conv = |t: u64| -> u64 {
+        match scale {
+            None => t,
+            Some(s) => (t as f64 * s).round() as u64,
+        }
+    };
+    // Length check before any note is built: one event after a huge delta
+    // would otherwise make millions of empty bars.
+    let check_length = |tick: u64| -> Result<(), Fail> {
+        let quarters = conv(tick) / ticks_per_quarter as u64;
+        if quarters > limits.max_quarters {
+            return Err(Fail::Limit(format!(
+                "an event lies {quarters} quarter notes from the start, more than the limit of {} \
+                 (raise it with --max-quarters)",
+                limits.max_quarters
+            )));
+        }
+        Ok(())
+    };
 
     // Absolute-time events of every track, merged in time order. Format 2 tracks
     // are independent songs: play them one after another.
@@ -109,6 +234,7 @@ pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
         if !ended {
             report.truncated_tracks += 1;
         }
+        check_length(tick)?;
         track_ends.push(tick);
         if smf.header.format == Format::Sequential {
             offset = tick;
@@ -121,23 +247,6 @@ pub fn parse(bytes: &[u8]) -> Result<(Score, ReadReport), String> {
         let declared = u16::from_be_bytes([bytes[10], bytes[11]]) as usize;
         report.truncated_tracks += declared.saturating_sub(smf.tracks.len());
     }
-
-    let (ticks_per_quarter, scale) = match smf.header.timing {
-        Timing::Metrical(tpq) => (tpq.as_int().max(1) as u32, None),
-        Timing::Timecode(fps, sub) => {
-            report.smpte_converted = true;
-            let ticks_per_second = (fps.as_f32() as f64 * sub.max(1) as f64).max(1.0);
-            // 120 BPM: a quarter lasts half a second.
-            let per_tick = SMPTE_TICKS_PER_QUARTER as f64 * 2.0 / ticks_per_second;
-            (SMPTE_TICKS_PER_QUARTER, Some(per_tick))
-        }
-    };
-    let conv = |t: u64| -> u64 {
-        match scale {
-            None => t,
-            Some(s) => (t as f64 * s).round() as u64,
-        }
-    };
 
     let mut score = Score::new(ticks_per_quarter);
     let mut programs = [0u8; 16];

@@ -1,5 +1,18 @@
 //! [`Score`] -> standard MIDI file (format 1: a tempo/meta track, then one
 //! track per instrument; drums on channel 10).
+//!
+//! Channels: with at most 15 melodic programs each gets a channel of its own
+//! (channel 10 is left to drums) and one program change at tick 0. With more,
+//! the 15 melodic channels are shared in time ([`allocate_channels`]): a note
+//! goes to a channel already set to its program, else to a channel with
+//! nothing sounding (a program change at the note's start, in the note's own
+//! track), else, when more than 15 programs sound at once, to the channel
+//! whose notes end soonest and that sounds no note of the same pitch (again
+//! with a program change at the note's start).
+//! So under the rule that MIDI players and readers follow (per channel, the
+//! last program change before a note-on decides its program), every note
+//! keeps its program; no two tracks put a program change and a note-on of
+//! another program on one channel at the same tick.
 
 use std::path::Path;
 
@@ -73,36 +86,55 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
         .collect();
     instruments.sort();
     instruments.dedup();
-    let mut melodic_channel = 0u8;
+    let melodic = instruments.iter().filter(|i| !i.is_drum).count();
+    // Per note: its channel and whether a program change precedes it.
+    let shared = if melodic > MELODIC_CHANNELS.len() {
+        Some(allocate_channels(score))
+    } else {
+        None
+    };
+    let mut melodic_index = 0usize;
     for inst in instruments {
         let channel = if inst.is_drum {
             9
         } else {
-            let c = melodic_channel;
-            melodic_channel = (melodic_channel + 1) % 15;
-            // Skip channel 10 (index 9), reserved for drums.
-            if c >= 9 {
-                c + 1
-            } else {
-                c
-            }
+            melodic_index += 1;
+            MELODIC_CHANNELS[(melodic_index - 1) % MELODIC_CHANNELS.len()]
         };
-        let ch = u4::new(channel);
-        let mut evs: Vec<(u64, u8, TrackEventKind<'static>)> = vec![(
-            0,
-            0,
-            TrackEventKind::Midi {
-                channel: ch,
-                message: MidiMessage::ProgramChange {
-                    program: to_u7(inst.program, "program")?,
+        let program = to_u7(inst.program, "program")?;
+        let mut evs: Vec<(u64, u8, TrackEventKind<'static>)> = Vec::new();
+        if shared.is_none() || inst.is_drum {
+            evs.push((
+                0,
+                0,
+                TrackEventKind::Midi {
+                    channel: u4::new(channel),
+                    message: MidiMessage::ProgramChange { program },
                 },
-            },
-        )];
-        for n in score
-            .notes
-            .iter()
-            .filter(|n| n.is_drum == inst.is_drum && (n.is_drum || n.program == inst.program))
+            ));
+        }
+        for (i, n) in
+            score.notes.iter().enumerate().filter(|(_, n)| {
+                n.is_drum == inst.is_drum && (n.is_drum || n.program == inst.program)
+            })
         {
+            let ch = match (&shared, n.is_drum) {
+                (Some(alloc), false) => {
+                    let (c, change) = alloc[i];
+                    if change {
+                        evs.push((
+                            n.start,
+                            0,
+                            TrackEventKind::Midi {
+                                channel: u4::new(c),
+                                message: MidiMessage::ProgramChange { program },
+                            },
+                        ));
+                    }
+                    u4::new(c)
+                }
+                _ => u4::new(channel),
+            };
             let key = to_u7(n.pitch, "pitch")?;
             let vel = to_u7(n.velocity.max(1), "velocity")?;
             // Note-offs sort before note-ons at the same tick, so a repeated
@@ -141,6 +173,77 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
     smf.write_std(&mut out)
         .context("cannot serialize MIDI data")?;
     Ok(out)
+}
+
+/// The 15 melodic channels (0-based), channel 10 (index 9) left to drums.
+const MELODIC_CHANNELS: [u8; 15] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15];
+
+/// Shares the melodic channels in time (see the module docs): for every note
+/// of `score` (by index; drum notes get a dummy), its channel and whether a
+/// program change must precede it.
+pub fn allocate_channels(score: &Score) -> Vec<(u8, bool)> {
+    #[derive(Clone, Default)]
+    struct Channel {
+        program: Option<u8>,
+        /// End of the last note that sounds on it.
+        busy_until: u64,
+        /// Start of its latest note-on.
+        last_start: Option<u64>,
+        /// (end, pitch) of its notes, for the pitches still sounding.
+        sounding: Vec<(u64, u8)>,
+    }
+    let mut chans: Vec<Channel> = vec![Channel::default(); 15];
+    let mut out = vec![(9u8, false); score.notes.len()];
+    let mut order: Vec<usize> = (0..score.notes.len())
+        .filter(|&i| !score.notes[i].is_drum)
+        .collect();
+    order.sort_by_key(|&i| (score.notes[i].start, score.notes[i].program, i));
+    for i in order {
+        let n = &score.notes[i];
+        let end = n.end().max(n.start + 1);
+        let same = (0..15).find(|&c| chans[c].program == Some(n.program));
+        // A note of this pitch ending right now on another track could be
+        // ordered after this note-on by a reader: avoid such a channel.
+        let idle = || {
+            (0..15)
+                .filter(|&c| chans[c].busy_until <= n.start)
+                .min_by_key(|&c| {
+                    let ch = &chans[c];
+                    let ends_now = ch
+                        .sounding
+                        .iter()
+                        .any(|&(e, p)| p == n.pitch && e == n.start);
+                    (ch.program.is_some(), ends_now, ch.busy_until)
+                })
+        };
+        // More programs sounding than channels: the channel with no note-on
+        // at this very tick, no sounding note of this pitch (whose note-off
+        // would end this one), and whose notes end soonest.
+        let busy = || {
+            (0..15)
+                .min_by_key(|&c| {
+                    let ch = &chans[c];
+                    let same_pitch = ch
+                        .sounding
+                        .iter()
+                        .any(|&(e, p)| p == n.pitch && e > n.start);
+                    (ch.last_start == Some(n.start), same_pitch, ch.busy_until)
+                })
+                .unwrap_or(0)
+        };
+        let (c, change) = match same {
+            Some(c) => (c, false),
+            None => (idle().unwrap_or_else(busy), true),
+        };
+        let ch = &mut chans[c];
+        ch.program = Some(n.program);
+        ch.busy_until = ch.busy_until.max(end);
+        ch.last_start = Some(n.start);
+        ch.sounding.retain(|&(e, _)| e >= n.start);
+        ch.sounding.push((end, n.pitch));
+        out[i] = (MELODIC_CHANNELS[c], change);
+    }
+    out
 }
 
 /// Writes a score to `path` (atomically: a temporary file, then a rename).

@@ -180,15 +180,17 @@ impl Canvas {
 
     pub(crate) fn write_png(&self, out: &Path) -> Result<()> {
         let ctx = || format!("cannot write PNG {}", out.display());
-        let file = File::create(out).with_context(ctx)?;
-        let mut enc =
-            png::Encoder::new(BufWriter::new(file), self.width as u32, self.height as u32);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().with_context(ctx)?;
-        w.write_image_data(&self.pixels).with_context(ctx)?;
-        w.finish().with_context(ctx)?;
-        Ok(())
+        crate::util::write_via_temp(out, |tmp| {
+            let file = File::create(tmp).with_context(ctx)?;
+            let mut enc =
+                png::Encoder::new(BufWriter::new(file), self.width as u32, self.height as u32);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let mut w = enc.write_header().with_context(ctx)?;
+            w.write_image_data(&self.pixels).with_context(ctx)?;
+            w.finish().with_context(ctx)?;
+            Ok(())
+        })
     }
 }
 

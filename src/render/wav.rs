@@ -192,7 +192,25 @@ impl ChannelAllocator {
 /// the end of the last note plus `opts.tail_seconds`; an empty score gives
 /// `tail_seconds` of silence. Drums play on channel 9 (standard kit, or the
 /// drum notes' `program` as kit number).
+///
+/// A corrupt SoundFont can make `rustysynth` panic (an index out of bounds
+/// in its preset or sample data); that panic is caught here and becomes an
+/// error naming the `.sf2`, never a crash.
 pub fn render_samples(
+    score: &Score,
+    soundfont: &Path,
+    opts: &RenderOptions,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    match crate::util::catch_panic(|| render_samples_unguarded(score, soundfont, opts)) {
+        Ok(r) => r,
+        Err(msg) => bail!(
+            "{}: corrupt or unsupported SoundFont (the synthesizer failed: {msg})",
+            soundfont.display()
+        ),
+    }
+}
+
+fn render_samples_unguarded(
     score: &Score,
     soundfont: &Path,
     opts: &RenderOptions,
@@ -358,16 +376,18 @@ pub fn render_wav(
         sample_format: hound::SampleFormat::Int,
     };
     let ctx = || format!("cannot write WAV {}", out.display());
-    let mut w = hound::WavWriter::create(out, spec).with_context(ctx)?;
-    {
-        let mut w16 = w.get_i16_writer((frames * 2) as u32);
-        for (l, r) in left.iter().zip(&right) {
-            w16.write_sample((l.clamp(-1.0, 1.0) * 32767.0).round() as i16);
-            w16.write_sample((r.clamp(-1.0, 1.0) * 32767.0).round() as i16);
+    crate::util::write_via_temp(out, |tmp| {
+        let mut w = hound::WavWriter::create(tmp, spec).with_context(ctx)?;
+        {
+            let mut w16 = w.get_i16_writer((frames * 2) as u32);
+            for (l, r) in left.iter().zip(&right) {
+                w16.write_sample((l.clamp(-1.0, 1.0) * 32767.0).round() as i16);
+                w16.write_sample((r.clamp(-1.0, 1.0) * 32767.0).round() as i16);
+            }
+            w16.flush().with_context(ctx)?;
         }
-        w16.flush().with_context(ctx)?;
-    }
-    w.finalize().with_context(ctx)?;
+        w.finalize().with_context(ctx)
+    })?;
     Ok(RenderStats {
         seconds: frames as f64 / opts.sample_rate as f64,
         samples: frames,

@@ -525,6 +525,35 @@ pub fn generate_by_recompute(
     Ok(seq.finish(vocab))
 }
 
+/// A rough upper estimate of the memory, in bytes, that [`generate`] needs for
+/// `n` pieces of a `prompt_len`-token prompt and `tokens` new tokens each:
+/// the prefill's activations and logits over the prompt, the recurrent state
+/// (FAVOR+ sums, or the softmax reference's cache) and the per-piece
+/// bookkeeping (tokens, grammar and guard state, a row of probabilities).
+pub fn estimate_bytes(
+    cfg: &crate::model::ModelConfig,
+    n: usize,
+    prompt_len: usize,
+    tokens: usize,
+) -> u128 {
+    let (n, p, t) = (n as u128, prompt_len as u128, tokens as u128);
+    let d = cfg.d_model.max(1) as u128;
+    let v = cfg.vocab_size.max(1) as u128;
+    let ff = cfg.d_ff.max(1) as u128;
+    let layers = cfg.n_layers.max(1) as u128;
+    let heads = cfg.n_heads.max(1) as u128;
+    let hd = cfg.head_dim().max(1) as u128;
+    let prefill = p * (v + 8 * d + ff) * 4;
+    let state = match &cfg.attention {
+        crate::model::AttentionKind::Favor { features, .. } => {
+            layers * heads * (*features).max(1) as u128 * (hd + 1) * 4
+        }
+        crate::model::AttentionKind::Softmax => layers * (p + t) * 2 * d * 4,
+    };
+    let bookkeeping = (p + t) * 16 + v * 16;
+    n * (prefill + state + bookkeeping)
+}
+
 /// BOS + the prompt's tokens, cut before its (`bars` + 1)-th bar when asked.
 pub fn prompt_tokens(body: &[u32], bars: Option<usize>) -> Vec<u32> {
     let mut out = vec![BOS_ID];

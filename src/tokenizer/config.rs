@@ -88,15 +88,30 @@ impl RemiConfig {
         use anyhow::ensure;
         ensure!(
             (1..=480).contains(&self.positions_per_quarter),
-            "positions_per_quarter must be in 1..=480"
+            "positions_per_quarter must be in 1..=480 (got {})",
+            self.positions_per_quarter
         );
         ensure!(
-            self.pitch_min <= self.pitch_max && self.pitch_max <= 127,
-            "pitch range must be within 0..=127"
+            self.pitch_max <= 127,
+            "pitch_max must be at most 127 (got {})",
+            self.pitch_max
         );
         ensure!(
-            self.drum_pitch_min <= self.drum_pitch_max && self.drum_pitch_max <= 127,
-            "drum pitch range must be within 0..=127"
+            self.pitch_min <= self.pitch_max,
+            "pitch_min ({}) must not be above pitch_max ({})",
+            self.pitch_min,
+            self.pitch_max
+        );
+        ensure!(
+            self.drum_pitch_max <= 127,
+            "drum_pitch_max must be at most 127 (got {})",
+            self.drum_pitch_max
+        );
+        ensure!(
+            self.drum_pitch_min <= self.drum_pitch_max,
+            "drum_pitch_min ({}) must not be above drum_pitch_max ({})",
+            self.drum_pitch_min,
+            self.drum_pitch_max
         );
         ensure!(
             self.velocity_bins >= 1 && self.velocity_bins <= 128 && 128 % self.velocity_bins == 0,

@@ -4,6 +4,11 @@
 //! little-endian ids, back to back), `pieces.json` (where each piece starts,
 //! its length and source file), `manifest.json` (counts, skipped files, the
 //! vocabulary hash) and `vocab.json`.
+//!
+//! Invariants: `tokenize` never replaces an existing dataset, run folder or
+//! other non-empty folder unless asked to (`--force`, [`check_output_dir`]);
+//! [`Dataset::open`] checks that every id is inside the vocabulary, so a
+//! corrupt `tokens.bin` is refused with its name before any model sees it.
 
 use std::path::{Path, PathBuf};
 
@@ -12,11 +17,14 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{encode, Vocab, BOS_ID, EOS_ID};
+use crate::limits::Limits;
 
 pub const TOKENS_FILE: &str = "tokens.bin";
 pub const PIECES_FILE: &str = "pieces.json";
 pub const MANIFEST_FILE: &str = "manifest.json";
 pub const VOCAB_FILE: &str = "vocab.json";
+/// What marks a training run folder (`train::checkpoint::CONFIG_FILE`).
+const RUN_CONFIG_FILE: &str = "config.json";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Piece {
@@ -50,6 +58,47 @@ pub struct Manifest {
     pub warnings: Vec<Skipped>,
 }
 
+/// Refuses to write a dataset into `dir` when it already holds one, a
+/// training run or other files, unless `force`.
+pub fn check_output_dir(dir: &Path, force: bool) -> Result<()> {
+    let meta = match std::fs::metadata(dir) {
+        Ok(m) => m,
+        Err(_) => return Ok(()),
+    };
+    if !meta.is_dir() {
+        bail!("{}: exists and is not a folder", dir.display());
+    }
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    // Empty, or what an interrupted `tokenize` left (no manifest yet).
+    let incomplete = names.iter().all(|n| {
+        [TOKENS_FILE, PIECES_FILE, VOCAB_FILE].contains(&n.as_str())
+            || (n.starts_with('.') && n.ends_with(".tmp"))
+    });
+    if incomplete || force {
+        return Ok(());
+    }
+    let what = if dir.join(MANIFEST_FILE).is_file() {
+        let n = serde_json::from_slice::<Manifest>(
+            &std::fs::read(dir.join(MANIFEST_FILE)).unwrap_or_default(),
+        )
+        .map(|m| format!(" of {} pieces", m.pieces))
+        .unwrap_or_default();
+        format!("holds a dataset{n}")
+    } else if dir.join(RUN_CONFIG_FILE).is_file() {
+        "is a training run folder (its vocab.json would be replaced)".to_string()
+    } else {
+        "is not empty".to_string()
+    };
+    bail!(
+        "{} {what}; pass --force to replace it, or choose another folder",
+        dir.display()
+    )
+}
+
 /// Every `.mid`/`.midi` file (any case) under the inputs, recursively, sorted.
 /// A missing input is an error that names it.
 pub fn collect_midi_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
@@ -57,7 +106,9 @@ pub fn collect_midi_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> 
     for input in inputs {
         let meta =
             std::fs::metadata(input).with_context(|| format!("cannot read {}", input.display()))?;
-        if meta.is_file() {
+        if !meta.is_dir() {
+            // A file, or something else (FIFO, device) that reading refuses
+            // by its metadata, without opening it.
             let name = input
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -121,11 +172,20 @@ pub struct Tokenized {
     pub warnings: Vec<String>,
 }
 
-/// Reads and tokenizes one file (no BOS/EOS).
+/// Reads and tokenizes one file (no BOS/EOS) within the default limits.
 pub fn tokenize_file(path: &Path, vocab: &Vocab) -> Result<Tokenized> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (score, read_report) = crate::midi::parse_named(&bytes, path)?;
+    tokenize_file_with(path, vocab, &Limits::default())
+}
+
+/// Reads and tokenizes one file (no BOS/EOS) within `limits`: a FIFO, a
+/// device, a file too big or a piece too long is refused, naming the file.
+pub fn tokenize_file_with(path: &Path, vocab: &Vocab, limits: &Limits) -> Result<Tokenized> {
+    let bytes = crate::limits::read_file(path, limits.max_file_bytes)?;
+    let (score, read_report) = crate::midi::parse_named_with(&bytes, path, limits)?;
     let (tokens, q) = encode(&score, vocab);
+    limits
+        .check_tokens(tokens.len())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let mut warnings = read_report.warnings();
     warnings.extend(q.warnings());
     Ok(Tokenized {
@@ -143,10 +203,20 @@ pub fn tokenize_files(
     vocab: &Vocab,
     progress: &(dyn Fn() + Sync),
 ) -> Vec<Result<Tokenized>> {
+    tokenize_files_with(files, vocab, &Limits::default(), progress)
+}
+
+/// [`tokenize_files`] within `limits`.
+pub fn tokenize_files_with(
+    files: &[(PathBuf, String)],
+    vocab: &Vocab,
+    limits: &Limits,
+    progress: &(dyn Fn() + Sync),
+) -> Vec<Result<Tokenized>> {
     files
         .par_iter()
         .map(|(p, _)| {
-            let r = tokenize_file(p, vocab);
+            let r = tokenize_file_with(p, vocab, limits);
             progress();
             r
         })
@@ -162,6 +232,18 @@ pub fn write_dataset(
     results: Vec<Result<Tokenized>>,
 ) -> Result<Manifest> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for p in crate::util::clean_stale_temps(dir) {
+        eprintln!(
+            "warning: removed {} left by a process that was killed",
+            p.display()
+        );
+    }
+    // A replaced dataset is incomplete (no manifest) until the new one is in.
+    let old_manifest = dir.join(MANIFEST_FILE);
+    if old_manifest.is_file() {
+        std::fs::remove_file(&old_manifest)
+            .with_context(|| format!("cannot remove {}", old_manifest.display()))?;
+    }
     let mut bin: Vec<u8> = Vec::new();
     let mut pieces = Vec::new();
     let mut skipped = Vec::new();
@@ -237,7 +319,7 @@ impl Dataset {
     pub fn open(dir: &Path) -> Result<Dataset> {
         let read = |name: &str| -> Result<Vec<u8>> {
             let p = dir.join(name);
-            std::fs::read(&p).with_context(|| {
+            crate::limits::read_file(&p, crate::limits::MAX_INDEX_BYTES).with_context(|| {
                 format!(
                     "cannot read {} (is {} a dataset made by `cadenza tokenize`?)",
                     p.display(),
@@ -274,8 +356,23 @@ impl Dataset {
                 manifest.tokens
             );
         }
+        // Every id must be in the vocabulary: an id past its end would index
+        // out of the embedding (a libtorch abort) or print garbage.
+        let size = vocab.len();
+        if let Some((i, id)) = tokens
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]) as usize)
+            .enumerate()
+            .find(|&(_, id)| id >= size)
+        {
+            bail!(
+                "{}: token {i} has id {id}, outside the vocabulary of {size} tokens \
+                 (file corrupt or from another vocabulary)",
+                path.display()
+            );
+        }
         for p in &pieces {
-            if p.offset + p.len > n || p.len < 2 {
+            if p.offset.checked_add(p.len).is_none_or(|end| end > n) || p.len < 2 {
                 bail!(
                     "{}: piece {} lies outside tokens.bin",
                     dir.display(),

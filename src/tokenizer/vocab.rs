@@ -346,7 +346,7 @@ impl Vocab {
 
     /// Loads a vocabulary file and checks that it is what its config builds.
     pub fn load(path: &Path) -> Result<Vocab> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::limits::read_text(path, crate::limits::MAX_CONFIG_BYTES)
             .with_context(|| format!("cannot read vocabulary {}", path.display()))?;
         let file: VocabFile = serde_json::from_str(&text)
             .with_context(|| format!("{}: not a cadenza vocabulary file", path.display()))?;

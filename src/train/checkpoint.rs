@@ -10,6 +10,13 @@
 //! A checkpoint folder is written under a temporary name and renamed into
 //! place, so `checkpoint/` is always complete; the previous one is kept as
 //! `checkpoint.old/` until the new one is in place.
+//!
+//! While a process trains in a run folder it holds `RUN_DIR/train.lock`
+//! ([`RunLock`]): created atomically (`create_new`) and holding its pid. A
+//! second process is refused with the holder's pid; a lock whose process is
+//! gone (killed) is taken over with a warning. Temporary files and folders of
+//! dead processes (`.checkpoint.tmp-<pid>`, `.NAME.<pid>.tmp`) are removed when
+//! the lock is taken.
 
 use std::path::{Path, PathBuf};
 
@@ -48,6 +55,87 @@ pub struct TrainState {
 
 pub use crate::util::{read_json, write_json};
 
+pub const LOCK_FILE: &str = "train.lock";
+
+/// Exclusive use of a run folder by this process; released on drop.
+#[derive(Debug)]
+pub struct RunLock {
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Takes the lock of `run` (which must exist), or says who holds it.
+    pub fn acquire(run: &Path) -> Result<RunLock> {
+        let path = run.join(LOCK_FILE);
+        let me = std::process::id();
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    use std::io::Write;
+                    writeln!(f, "{me}")
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    for p in crate::util::clean_stale_temps(run) {
+                        eprintln!(
+                            "warning: removed {} left by a process that was killed",
+                            p.display()
+                        );
+                    }
+                    return Ok(RunLock { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    let holder = text.trim().parse::<u32>().ok();
+                    match holder {
+                        Some(pid) if pid != me && crate::util::pid_alive(pid) != Some(false) => {
+                            bail!(
+                                "{} is in use: process {pid} is training in it (lock {}); \
+                                 wait for it to finish, or remove the lock if process {pid} \
+                                 is not a cadenza run",
+                                run.display(),
+                                path.display()
+                            );
+                        }
+                        _ => {
+                            eprintln!(
+                                "warning: {}: taking over the stale lock of process {} \
+                                 (no longer running)",
+                                run.display(),
+                                holder.map_or("?".to_string(), |p| p.to_string())
+                            );
+                            std::fs::remove_file(&path)
+                                .with_context(|| format!("cannot remove {}", path.display()))?;
+                        }
+                    }
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot create {}", path.display()))
+                }
+            }
+        }
+        bail!(
+            "{}: another process took the lock {} at the same time",
+            run.display(),
+            path.display()
+        )
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let mine = std::fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            == Some(std::process::id());
+        if mine {
+            std::fs::remove_file(&self.path).ok();
+        }
+    }
+}
+
 /// Where the newest complete checkpoint of a run is (or a model folder with
 /// `model.safetensors` directly in it, as shipped under `models/`).
 pub fn checkpoint_dir(run: &Path) -> Option<PathBuf> {
@@ -85,10 +173,27 @@ fn save_to(
     state: &TrainState,
 ) -> Result<()> {
     let tmp = run.join(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
+    let r = save_to_tmp(run, name, &tmp, vs, model, opt, state);
+    if r.is_err() && tmp.exists() {
+        // A full disk must not stay full of a half-written checkpoint.
         std::fs::remove_dir_all(&tmp).ok();
     }
-    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    r
+}
+
+fn save_to_tmp(
+    run: &Path,
+    name: &str,
+    tmp: &Path,
+    vs: &VarStore,
+    model: &Transformer,
+    opt: Option<&AdamW>,
+    state: &TrainState,
+) -> Result<()> {
+    if tmp.exists() {
+        std::fs::remove_dir_all(tmp).ok();
+    }
+    std::fs::create_dir_all(tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     vs.save(tmp.join(MODEL_FILE))
         .with_context(|| format!("cannot write {}", tmp.join(MODEL_FILE).display()))?;
     if let Some(opt) = opt {
@@ -115,10 +220,163 @@ fn save_to(
         }
         std::fs::rename(&dst, &old).with_context(|| format!("cannot move {}", dst.display()))?;
     }
-    std::fs::rename(&tmp, &dst)
+    std::fs::rename(tmp, &dst)
         .with_context(|| format!("cannot move {} into place", tmp.display()))?;
     if old.exists() {
         std::fs::remove_dir_all(&old).ok();
+    }
+    Ok(())
+}
+
+/// The checkpoint a resumed run continues from; an error when there is none
+/// (never a silent restart from step 0).
+pub fn resume_dir(run: &Path) -> Result<PathBuf> {
+    [CHECKPOINT_DIR, "checkpoint.old"]
+        .iter()
+        .map(|d| run.join(d))
+        .find(|d| d.join(MODEL_FILE).is_file())
+        .with_context(|| {
+            format!(
+                "--resume: {} has no checkpoint ({} missing); start a new run in another \
+                 folder instead",
+                run.display(),
+                run.join(CHECKPOINT_DIR).join(MODEL_FILE).display()
+            )
+        })
+}
+
+/// (name, dtype, shape) of every tensor in a safetensors file, read from its
+/// header alone; errors name the file.
+pub fn safetensors_header(path: &Path) -> Result<Vec<(String, String, Vec<i64>)>> {
+    use std::io::Read;
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n)
+        .with_context(|| format!("{}: not a safetensors file (too short)", path.display()))?;
+    let n = u64::from_le_bytes(n);
+    if n > len.saturating_sub(8) || n > 100 << 20 {
+        bail!(
+            "{}: not a safetensors file (header of {n} bytes in a {len}-byte file)",
+            path.display()
+        );
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+        .with_context(|| format!("{}: not a safetensors file (bad header)", path.display()))?;
+    let data_len = len - 8 - n;
+    let mut out = Vec::new();
+    for (name, v) in json {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = v["dtype"].as_str().unwrap_or("?").to_string();
+        let shape: Option<Vec<i64>> = v["shape"]
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_i64()).collect());
+        let offsets: Option<Vec<u64>> = v["data_offsets"]
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64()).collect());
+        let (Some(shape), Some(offsets)) = (shape, offsets) else {
+            bail!("{}: tensor {name} has a bad header entry", path.display());
+        };
+        if offsets.len() != 2 || offsets[0] > offsets[1] || offsets[1] > data_len {
+            bail!(
+                "{}: tensor {name} lies outside the file (truncated?)",
+                path.display()
+            );
+        }
+        out.push((name, dtype, shape));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Layer indices named in tensor names ("layers.3.attn..." -> 3).
+fn layer_count(names: impl Iterator<Item = String>) -> usize {
+    names
+        .filter_map(|n| {
+            n.strip_prefix("layers.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .map(|i| i + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Checks that the weights at `weights` fit the model built in `vs` from the
+/// config at `config`: the same tensors with the same shapes. The message
+/// names both files and says what differs (layer count, d_model, a shape).
+pub fn check_weights(weights: &Path, vs: &VarStore, config: &Path) -> Result<()> {
+    let file = safetensors_header(weights)?;
+    let expected: std::collections::BTreeMap<String, Vec<i64>> = vs
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.size()))
+        .collect();
+    let (wl, cl) = (
+        layer_count(file.iter().map(|(n, _, _)| n.clone())),
+        layer_count(expected.keys().cloned()),
+    );
+    if wl != cl {
+        bail!(
+            "{}: the weights have {wl} layer(s) but {} describes {cl}",
+            weights.display(),
+            config.display()
+        );
+    }
+    for (name, dtype, shape) in &file {
+        match expected.get(name) {
+            None => bail!(
+                "{}: holds tensor {name}, which the model described by {} does not have",
+                weights.display(),
+                config.display()
+            ),
+            Some(want) if want != shape => bail!(
+                "{}: tensor {name} is {shape:?} but {} describes {want:?} (check d_model, \
+                 d_ff, n_heads and vocab_size)",
+                weights.display(),
+                config.display()
+            ),
+            Some(_) if !matches!(dtype.as_str(), "F32" | "F16" | "BF16" | "F64") => bail!(
+                "{}: tensor {name} holds {dtype} values, not floating point",
+                weights.display()
+            ),
+            _ => {}
+        }
+    }
+    let have: std::collections::BTreeSet<&String> = file.iter().map(|(n, _, _)| n).collect();
+    if let Some(missing) = expected.keys().find(|n| !have.contains(n)) {
+        bail!(
+            "{}: tensor {missing} of the model described by {} is missing",
+            weights.display(),
+            config.display()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses weights with NaN or infinite values, naming the tensor.
+pub fn check_finite(weights: &Path, vs: &VarStore) -> Result<()> {
+    let mut vars: Vec<(String, tch::Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, t) in vars {
+        let finite = tch::no_grad(|| t.isfinite().all().int64_value(&[])) != 0;
+        if !finite {
+            bail!(
+                "{}: tensor {name} holds NaN or infinite values (a diverged or corrupt \
+                 checkpoint)",
+                weights.display()
+            );
+        }
     }
     Ok(())
 }
@@ -152,6 +410,12 @@ pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
         _ => (run, None),
     };
     let config: RunConfig = read_json(&run.join(CONFIG_FILE))?;
+    config.model.validate().with_context(|| {
+        format!(
+            "{}: invalid model configuration",
+            run.join(CONFIG_FILE).display()
+        )
+    })?;
     let vocab = Vocab::load(&run.join(VOCAB_FILE))?;
     check_vocab(&config, &vocab, &run.join(VOCAB_FILE))?;
     let ckpt = only.or_else(|| checkpoint_dir(run)).with_context(|| {
@@ -165,6 +429,7 @@ pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
     let model = Transformer::new(&vs.root(), &config.model)
         .with_context(|| format!("{}: bad model config", run.join(CONFIG_FILE).display()))?;
     let weights = ckpt.join(MODEL_FILE);
+    check_weights(&weights, &vs, &run.join(CONFIG_FILE))?;
     vs.load(&weights).map_err(|e| {
         anyhow::anyhow!(
             "{}: does not fit the model described by {} ({e})",
@@ -172,6 +437,7 @@ pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
             run.join(CONFIG_FILE).display()
         )
     })?;
+    check_finite(&weights, &vs)?;
     let state = read_json(&ckpt.join(STATE_FILE)).ok();
     Ok(LoadedModel {
         vs,

@@ -96,11 +96,18 @@ impl TrainConfig {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         use anyhow::ensure;
+        ensure!(self.steps >= 1, "steps must be at least 1 (got 0)");
         ensure!(self.seq_len >= 2, "seq_len must be at least 2");
         ensure!(self.batch >= 1, "batch must be at least 1");
         ensure!(
-            self.lr > 0.0 && self.min_lr >= 0.0,
-            "learning rates must be positive"
+            self.lr > 0.0 && self.lr.is_finite(),
+            "lr must be a positive number (got {})",
+            self.lr
+        );
+        ensure!(
+            self.min_lr >= 0.0 && self.min_lr.is_finite(),
+            "min_lr must be zero or positive (got {})",
+            self.min_lr
         );
         ensure!(
             (0.0..1.0).contains(&self.beta1) && (0.0..1.0).contains(&self.beta2),

@@ -129,6 +129,10 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
             }
             c.train.steps = s;
         }
+        c.model
+            .validate()
+            .and_then(|_| c.train.validate())
+            .with_context(|| format!("{}: invalid run configuration", saved.display()))?;
         if o.preset.is_some()
             || o.seq_len.is_some()
             || o.batch.is_some()
@@ -144,7 +148,7 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
     }
     let file: ConfigFile = match &o.config_file {
         Some(p) => {
-            let text = std::fs::read_to_string(p)
+            let text = crate::limits::read_text(p, crate::limits::MAX_CONFIG_BYTES)
                 .with_context(|| format!("cannot read config {}", p.display()))?;
             toml::from_str(&text).with_context(|| format!("{}: bad config", p.display()))?
         }
@@ -160,11 +164,18 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
         model = model.with_positional(p)?;
     }
     let mut train = TrainConfig::for_preset(&preset);
+    let file_name = || {
+        o.config_file
+            .as_ref()
+            .map_or("config".to_string(), |p| p.display().to_string())
+    };
     if let Some(t) = &file.model {
-        model = config::merge_table(&model, t).context("bad [model] table")?;
+        model = config::merge_table(&model, t)
+            .with_context(|| format!("{}: bad [model] table", file_name()))?;
     }
     if let Some(t) = &file.train {
-        train = config::merge_table(&train, t).context("bad [train] table")?;
+        train = config::merge_table(&train, t)
+            .with_context(|| format!("{}: bad [train] table", file_name()))?;
     }
     if let Some(v) = o.steps {
         train.steps = v;
@@ -182,8 +193,16 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
         train.seed = v;
     }
     model.vocab_size = vocab.len() as i64;
-    model.validate()?;
-    train.validate()?;
+    let source = match &o.config_file {
+        Some(p) => format!("{} and the command-line flags", p.display()),
+        None => "the command-line flags".to_string(),
+    };
+    model
+        .validate()
+        .with_context(|| format!("invalid model configuration from {source}"))?;
+    train
+        .validate()
+        .with_context(|| format!("invalid training configuration from {source}"))?;
     Ok(RunConfig {
         model,
         train,
@@ -470,7 +489,15 @@ fn clock(secs: f64) -> String {
 /// Trains (or resumes) a run.
 pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     let run = &o.run_dir;
+    if o.resume && !run.join(CONFIG_FILE).is_file() {
+        bail!(
+            "--resume: {} is not a run folder (no {CONFIG_FILE})",
+            run.display()
+        );
+    }
     std::fs::create_dir_all(run).with_context(|| format!("cannot create {}", run.display()))?;
+    // One process trains in a run folder at a time.
+    let _lock = checkpoint::RunLock::acquire(run)?;
     let vocab = if o.resume {
         Vocab::load(&run.join(VOCAB_FILE))?
     } else {
@@ -486,6 +513,14 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             "{} already holds a trained run: pass --resume to continue it, or choose another folder",
             run.display()
         );
+    }
+    if let Some(d) = &o.data {
+        if crate::util::same_file(d, run) {
+            bail!(
+                "-o {} is the --data folder: a run needs a folder of its own",
+                run.display()
+            );
+        }
     }
     let data_path = match (&o.data, o.resume) {
         (Some(d), _) => resolve_dataset(d, run, &vocab)?,
@@ -524,6 +559,15 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     if split.train.is_empty() {
         bail!("{}: the dataset has no pieces", data_path.display());
     }
+    let train_tokens: usize = split.train.iter().map(|p| p.ids.len()).sum();
+    if tc.seq_len as usize + 1 > train_tokens {
+        bail!(
+            "--seq-len {} is longer than all {train_tokens} training tokens of {}; \
+             choose a shorter --seq-len or a bigger dataset",
+            tc.seq_len,
+            data_path.display()
+        );
+    }
     let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose);
     let window = tc.seq_len as usize + 1;
     let val_windows = data::validation_windows(&split.val, window, tc.val_windows);
@@ -541,14 +585,25 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         tokens_seen: 0,
     };
     if o.resume {
-        if let Some(dir) = checkpoint::checkpoint_dir(run) {
-            let weights = dir.join(checkpoint::MODEL_FILE);
-            vs.load(&weights)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", weights.display()))?;
-            opt.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
-            checkpoint::load_training_projections(&dir, &model)?;
-            state = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
+        // A resumed run continues its checkpoint or fails: restarting from
+        // step 0 in its folder would silently replace its history.
+        let dir = checkpoint::resume_dir(run)?;
+        let weights = dir.join(checkpoint::MODEL_FILE);
+        checkpoint::check_weights(&weights, &vs, &run.join(CONFIG_FILE))?;
+        vs.load(&weights)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", weights.display()))?;
+        opt.load(&dir.join(checkpoint::OPTIMIZER_FILE))?;
+        if !model.training_projections().is_empty()
+            && !dir.join(checkpoint::FEATURES_FILE).is_file()
+        {
+            bail!(
+                "--resume: {} is missing: the run's FAVOR+ features cannot be restored, \
+                 so it would not continue as it was",
+                dir.join(checkpoint::FEATURES_FILE).display()
+            );
         }
+        checkpoint::load_training_projections(&dir, &model)?;
+        state = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
         truncate_metrics(run, state.step)?;
     } else {
         truncate_metrics(run, 0)?;
@@ -588,7 +643,12 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         opt.update(lr);
         last_loss = loss.double_value(&[]);
         if !last_loss.is_finite() {
-            bail!("training diverged at step {step} (loss {last_loss}); lower --lr");
+            bail!(
+                "{}: training diverged at step {step} (loss {last_loss}, learning rate {lr:.2e} \
+                 from {}); lower --lr",
+                run.display(),
+                run.join(CONFIG_FILE).display()
+            );
         }
         state.step += 1;
         state.tokens_seen += tokens_per_step as u64;
