@@ -8,7 +8,8 @@
 //! - [`train`]: batches, the optimizer, checkpoints, runs;
 //! - [`eval`]: what a model learned, per token type and pitch context;
 //! - [`sample`]: generation and statistics of pieces;
-//! - [`render`]: WAV and pictures.
+//! - [`render`]: WAV and pictures;
+//! - [`serve`]: the local web studio.
 
 pub mod cli;
 pub mod eval;
@@ -16,6 +17,7 @@ pub mod midi;
 pub mod model;
 pub mod render;
 pub mod sample;
+pub mod serve;
 pub mod tokenizer;
 pub mod train;
 pub mod util;

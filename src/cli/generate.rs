@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::midi;
 use crate::render;
-use crate::sample::{self, SampleConfig};
+use crate::sample::{self, pieces, SampleConfig};
 use crate::tokenizer;
 use crate::train::checkpoint;
 
@@ -117,13 +117,6 @@ pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
     path.with_file_name(name)
 }
 
-fn render_options() -> render::RenderOptions {
-    render::RenderOptions {
-        gain: 2.0,
-        ..render::RenderOptions::default()
-    }
-}
-
 pub fn generate(a: GenerateArgs) -> Result<i32> {
     let device = checkpoint::parse_device(a.device.as_deref())?;
     crate::train::set_threads(0);
@@ -138,15 +131,10 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     let body = match &a.prompt {
         Some(p) => {
             let (score, report) = midi::read_file(p)?;
-            for w in report.warnings() {
-                eprintln!("warning: {}: {w}", p.display());
-            }
-            let (ids, q) = tokenizer::encode(&score, vocab);
-            for w in q.warnings() {
-                eprintln!("warning: {}: {w}", p.display());
-            }
-            if ids.is_empty() {
-                bail!("{}: the prompt has no notes", p.display());
+            let name = p.display().to_string();
+            let (ids, warnings) = pieces::prompt_body(&score, &report, vocab, &name)?;
+            for w in warnings {
+                eprintln!("warning: {name}: {w}");
             }
             ids
         }
@@ -197,40 +185,32 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     );
     let n = samples.len();
     for (i, s) in samples.iter().enumerate() {
-        let (score, rep) = tokenizer::decode(&s.tokens, vocab);
-        let score = tokenizer::to_output_resolution(&score);
-        let out = numbered(&a.output, i, n);
-        midi::write_file(&score, &out)?;
+        let files = pieces::PieceFiles {
+            midi: numbered(&a.output, i, n),
+            tokens: a.tokens_out.as_ref().map(|t| numbered(t, i, n)),
+            wav: a.wav.as_ref().map(|w| numbered(w, i, n)),
+            png: a.png.as_ref().map(|p| numbered(p, i, n)),
+        };
+        let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref())?;
         println!(
             "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), \
              {} guard change(s), {} skipped token(s)",
-            out.display(),
+            files.midi.display(),
             s.tokens.len(),
-            score.notes.len(),
-            score.duration_seconds(),
+            w.score.notes.len(),
+            w.score.duration_seconds(),
             s.stop,
             s.grammar_corrections,
             s.guard_changes,
-            rep.skipped
+            w.skipped
         );
-        if let Some(t) = &a.tokens_out {
-            let path = numbered(t, i, n);
-            let text: String = s
-                .tokens
-                .iter()
-                .map(|&id| format!("{}\n", vocab.string(id).unwrap_or("?")))
-                .collect();
-            crate::util::write_atomic(&path, text.as_bytes())?;
+        if let Some(path) = &files.tokens {
             println!("{}: tokens", path.display());
         }
-        if let (Some(w), Some(sf)) = (&a.wav, &soundfont) {
-            let path = numbered(w, i, n);
-            let st = render::render_wav(&score, sf, &render_options(), &path)?;
+        if let (Some(path), Some(st)) = (&files.wav, &w.audio) {
             println!("{}: {:.1} s of audio", path.display(), st.seconds);
         }
-        if let Some(p) = &a.png {
-            let path = numbered(p, i, n);
-            render::piano_roll_png(&score, &path, &render::PianoRollOptions::default())?;
+        if let Some(path) = &files.png {
             println!("{}: piano roll", path.display());
         }
     }
@@ -245,7 +225,7 @@ pub fn render_cmd(a: RenderArgs) -> Result<i32> {
     let sf = render::find_soundfont(a.soundfont.as_deref())?;
     let opts = render::RenderOptions {
         sample_rate: a.sample_rate,
-        ..render_options()
+        ..pieces::render_options()
     };
     let st = render::render_wav(&score, &sf, &opts, &a.output)
         .with_context(|| format!("cannot render {}", a.input.display()))?;

@@ -1,0 +1,106 @@
+//! From a prompt file to the files of a generated piece: the steps that
+//! `cadenza generate` and `cadenza serve` share (same prompt checks, same
+//! rendering), so the two give the same results for the same settings.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+use super::Sample;
+use crate::midi::{self, ReadReport, Score};
+use crate::render;
+use crate::tokenizer::{self, Vocab};
+
+/// The tokens of a prompt (without BOS), and the warnings of reading and
+/// quantizing it. `name` names the prompt in messages. An error when the
+/// prompt has no notes.
+pub fn prompt_body(
+    score: &Score,
+    report: &ReadReport,
+    vocab: &Vocab,
+    name: &str,
+) -> Result<(Vec<u32>, Vec<String>)> {
+    let mut warnings = report.warnings();
+    let (ids, q) = tokenizer::encode(score, vocab);
+    warnings.extend(q.warnings());
+    if ids.is_empty() {
+        bail!("{name}: the prompt has no notes");
+    }
+    Ok((ids, warnings))
+}
+
+/// [`prompt_body`] of MIDI bytes, parsed with the reader's checks (a file
+/// that is not MIDI gets the same message as on the command line).
+pub fn prompt_from_bytes(
+    bytes: &[u8],
+    name: &str,
+    vocab: &Vocab,
+) -> Result<(Score, Vec<u32>, Vec<String>)> {
+    let (score, report) = midi::parse_named(bytes, Path::new(name))?;
+    let (ids, warnings) = prompt_body(&score, &report, vocab, name)?;
+    Ok((score, ids, warnings))
+}
+
+/// How generated pieces are rendered to audio.
+pub fn render_options() -> render::RenderOptions {
+    render::RenderOptions {
+        gain: 2.0,
+        ..render::RenderOptions::default()
+    }
+}
+
+/// The token strings of `tokens`, one a line.
+pub fn token_text(tokens: &[u32], vocab: &Vocab) -> String {
+    tokens
+        .iter()
+        .map(|&id| format!("{}\n", vocab.string(id).unwrap_or("?")))
+        .collect()
+}
+
+/// Where one piece's files go: the MIDI file always, the others when named.
+#[derive(Debug, Clone, Default)]
+pub struct PieceFiles {
+    pub midi: PathBuf,
+    pub tokens: Option<PathBuf>,
+    pub wav: Option<PathBuf>,
+    pub png: Option<PathBuf>,
+}
+
+/// What [`write_piece`] wrote.
+#[derive(Debug, Clone)]
+pub struct WrittenPiece {
+    /// The decoded piece, at the output resolution.
+    pub score: Score,
+    /// Tokens the decoder skipped.
+    pub skipped: usize,
+    /// The audio written, when a WAV file and a SoundFont were given.
+    pub audio: Option<render::RenderStats>,
+}
+
+/// Decodes a sample and writes its files: MIDI, then tokens, WAV (with
+/// `soundfont`) and piano roll where `files` names them.
+pub fn write_piece(
+    sample: &Sample,
+    vocab: &Vocab,
+    files: &PieceFiles,
+    soundfont: Option<&Path>,
+) -> Result<WrittenPiece> {
+    let (score, rep) = tokenizer::decode(&sample.tokens, vocab);
+    let score = tokenizer::to_output_resolution(&score);
+    midi::write_file(&score, &files.midi)?;
+    if let Some(path) = &files.tokens {
+        crate::util::write_atomic(path, token_text(&sample.tokens, vocab).as_bytes())?;
+    }
+    let audio = match (&files.wav, soundfont) {
+        (Some(path), Some(sf)) => Some(render::render_wav(&score, sf, &render_options(), path)?),
+        _ => None,
+    };
+    if let Some(path) = &files.png {
+        render::piano_roll_png(&score, path, &render::PianoRollOptions::default())?;
+    }
+    Ok(WrittenPiece {
+        score,
+        skipped: rep.skipped,
+        audio,
+    })
+}

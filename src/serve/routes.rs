@@ -1,0 +1,251 @@
+//! The HTTP side: the page's three files and a small JSON API.
+//!
+//! - `GET /`, `/app.js`, `/app.css`: the page (embedded in the binary);
+//! - `GET /api/info`: the model, the limits, the sample prompts, the defaults;
+//! - `POST /api/prompts?name=FILE.mid` (body: the MIDI bytes), `POST
+//!   /api/prompts/sample/{name}`, `POST /api/prompts/piece/{id}`: make a prompt;
+//! - `POST /api/jobs` (JSON settings): queue a job (202), or 503 when the
+//!   queue is full; `GET /api/jobs/{id}`: its progress and pieces; `POST
+//!   /api/jobs/{id}/cancel`;
+//! - `GET /api/pieces`: every piece made since the start;
+//! - `GET /files/{name}`: a generated file.
+//!
+//! Errors are JSON `{"error": "..."}` with a 4xx/5xx status.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::state::{clean_name, JobRequest, Shared, SubmitError};
+use super::{MAX_SAMPLES, MAX_TOKENS};
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+
+/// Largest JSON body (job settings).
+const MAX_JSON: usize = 16 * 1024;
+
+type AppState = State<Arc<Shared>>;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(
+            "/",
+            get(|| async { page(INDEX_HTML, "text/html; charset=utf-8") }),
+        )
+        .route(
+            "/app.js",
+            get(|| async { page(APP_JS, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/app.css",
+            get(|| async { page(APP_CSS, "text/css; charset=utf-8") }),
+        )
+        .route("/api/info", get(info))
+        .route("/api/prompts", post(upload_prompt))
+        .route("/api/prompts/sample/{name}", post(sample_prompt))
+        .route("/api/prompts/piece/{id}", post(piece_prompt))
+        .route("/api/jobs", post(submit))
+        .route("/api/jobs/{id}", get(job))
+        .route("/api/jobs/{id}/cancel", post(cancel))
+        .route("/api/pieces", get(pieces))
+        .route("/files/{name}", get(file))
+        // Bodies are read with their own limits below.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(shared)
+}
+
+fn page(text: &'static str, kind: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        text,
+    )
+        .into_response()
+}
+
+/// An error answer: `{"error": message}` with a status.
+pub(crate) struct ApiError(StatusCode, String);
+
+impl ApiError {
+    fn bad(msg: impl Into<String>) -> Self {
+        ApiError(StatusCode::BAD_REQUEST, msg.into())
+    }
+    fn not_found(what: impl Into<String>) -> Self {
+        ApiError(StatusCode::NOT_FOUND, what.into())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let busy = self.0 == StatusCode::SERVICE_UNAVAILABLE;
+        let mut r = (self.0, Json(json!({ "error": self.1, "busy": busy }))).into_response();
+        if busy {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        r
+    }
+}
+
+/// The body, refused (413) past `limit` bytes.
+async fn read_body(req: Request, limit: usize, what: &str) -> Result<Bytes, ApiError> {
+    let too_big = || {
+        ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the {what} is larger than the limit of {} KiB",
+                limit.div_ceil(1024)
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_big());
+    }
+    axum::body::to_bytes(req.into_body(), limit)
+        .await
+        .map_err(|_| too_big())
+}
+
+async fn info(State(s): AppState) -> Json<serde_json::Value> {
+    Json(json!({
+        "model": s.model.name,
+        "preset": s.model.preset,
+        "parameters": s.model.parameters,
+        "vocab_size": s.vocab().len(),
+        "audio": s.soundfont.is_some(),
+        "queue_capacity": s.queue,
+        "max_upload_bytes": s.max_upload,
+        "max_tokens": MAX_TOKENS,
+        "max_samples": MAX_SAMPLES,
+        "samples": s.sample_names(),
+        "defaults": JobRequest::default(),
+    }))
+}
+
+#[derive(Deserialize)]
+struct NameQuery {
+    name: Option<String>,
+}
+
+/// Parsing and tokenizing take a moment for a large file: off the async threads.
+async fn make_prompt(
+    s: Arc<Shared>,
+    bytes: Bytes,
+    name: String,
+    source: &'static str,
+) -> Result<Response, ApiError> {
+    let info = tokio::task::spawn_blocking(move || s.add_prompt(&bytes, &name, source))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}")))?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+async fn upload_prompt(
+    State(s): AppState,
+    Query(q): Query<NameQuery>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let bytes = read_body(req, s.max_upload, "MIDI file").await?;
+    if bytes.is_empty() {
+        return Err(ApiError::bad("the upload is empty: choose a MIDI file"));
+    }
+    let name = clean_name(q.name.as_deref());
+    make_prompt(s, bytes, name, "upload").await
+}
+
+async fn sample_prompt(State(s): AppState, Path(name): Path<String>) -> Result<Response, ApiError> {
+    // Only a name from the list: nothing else of the disk is reachable.
+    if !s.sample_names().contains(&name) {
+        return Err(ApiError::not_found(format!(
+            "no sample prompt named {name:?}"
+        )));
+    }
+    let dir = s.samples.clone().expect("samples listed");
+    let bytes = std::fs::read(dir.join(&name))
+        .map_err(|e| ApiError::not_found(format!("cannot read sample {name}: {e}")))?;
+    make_prompt(s, bytes.into(), name, "sample").await
+}
+
+async fn piece_prompt(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
+    let piece = s
+        .piece(id)
+        .ok_or_else(|| ApiError::not_found(format!("no piece {id}")))?;
+    let name = format!("{}.mid", piece.name);
+    let path = s
+        .file_path(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no file {name}")))?;
+    let bytes = std::fs::read(&path)
+        .map_err(|e| ApiError::not_found(format!("cannot read {name}: {e}")))?;
+    make_prompt(s, bytes.into(), name, "piece").await
+}
+
+async fn submit(State(s): AppState, req: Request) -> Result<Response, ApiError> {
+    let bytes = read_body(req, MAX_JSON, "request").await?;
+    let job: JobRequest = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad(format!("bad job settings: {e}")))?;
+    match s.submit(job) {
+        Ok(view) => Ok((StatusCode::ACCEPTED, Json(view)).into_response()),
+        Err(SubmitError::Invalid(m)) => Err(ApiError::bad(m)),
+        Err(SubmitError::Busy) => Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "busy: one piece is being generated and {} are waiting; \
+                 try again when one is done",
+                s.queue
+            ),
+        )),
+    }
+}
+
+async fn job(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
+    s.job(id)
+        .map(|v| Json(v).into_response())
+        .ok_or_else(|| ApiError::not_found(format!("no job {id}")))
+}
+
+async fn cancel(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
+    if !s.cancel(id) {
+        return Err(ApiError::not_found(format!("no job {id}")));
+    }
+    Ok(Json(s.job(id)).into_response())
+}
+
+async fn pieces(State(s): AppState) -> Json<serde_json::Value> {
+    let inner = s.lock();
+    Json(json!({ "pieces": inner.gallery }))
+}
+
+async fn file(State(s): AppState, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let path = s
+        .file_path(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no file {name}")))?;
+    let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError::not_found(format!("cannot read {name}: {e}")))?;
+    let kind = match name.rsplit('.').next() {
+        Some("wav") => "audio/wav",
+        Some("png") => "image/png",
+        Some("mid") => "audio/midi",
+        Some("json") => "application/json",
+        _ => "text/plain; charset=utf-8",
+    };
+    Ok(([(header::CONTENT_TYPE, kind)], Body::from(bytes)).into_response())
+}
