@@ -190,6 +190,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             tokens: a.tokens_out.as_ref().map(|t| numbered(t, i, n)),
             wav: a.wav.as_ref().map(|w| numbered(w, i, n)),
             png: a.png.as_ref().map(|p| numbered(p, i, n)),
+            piano_roll: render::PianoRollOptions::default(),
         };
         let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref())?;
         println!(

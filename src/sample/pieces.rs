@@ -64,6 +64,8 @@ pub struct PieceFiles {
     pub tokens: Option<PathBuf>,
     pub wav: Option<PathBuf>,
     pub png: Option<PathBuf>,
+    /// How to draw the piano roll.
+    pub piano_roll: render::PianoRollOptions,
 }
 
 /// What [`write_piece`] wrote.
@@ -96,7 +98,7 @@ pub fn write_piece(
         _ => None,
     };
     if let Some(path) = &files.png {
-        render::piano_roll_png(&score, path, &render::PianoRollOptions::default())?;
+        render::piano_roll_png(&score, path, &files.piano_roll)?;
     }
     Ok(WrittenPiece {
         score,

@@ -121,6 +121,16 @@ pub(crate) fn spawn(
     Ok((info, shared_tx))
 }
 
+/// Piano rolls sized for the page: a whole piece in at most 1,200 pixels.
+fn studio_roll() -> crate::render::PianoRollOptions {
+    crate::render::PianoRollOptions {
+        pixels_per_second: 40.0,
+        max_width: 1200,
+        row_height: 6,
+        ..Default::default()
+    }
+}
+
 /// One job, start to end; `Err(Cancelled)` when asked to stop.
 fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
     let Work {
@@ -168,6 +178,7 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
             tokens: Some(path("tokens.txt")),
             wav: shared.soundfont.as_ref().map(|_| path("wav")),
             png: Some(path("png")),
+            piano_roll: studio_roll(),
         };
         let w = pieces::write_piece(s, vocab, &files, shared.soundfont.as_deref())?;
         let settings = serde_json::json!({

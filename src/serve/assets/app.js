@@ -243,9 +243,11 @@ function pieceCard(piece) {
       `${piece.tokens - piece.prompt_tokens} new tokens after ${piece.prompt_tokens}, ` +
       `${piece.notes} notes, ${fmt(piece.seconds, 1)} s; temperature ${s.temperature}, ` +
       `top-k ${s.top_k}, top-p ${s.top_p}, seed ${s.seed}, sample ${piece.index}`),
-    audio,
-    el("img", { class: "roll", src: f.png, alt: `piano roll of ${piece.name}` }),
-    statsTable(piece),
+    el("div", { class: "body" },
+      el("div", { class: "media" },
+        audio,
+        el("img", { class: "roll", src: f.png, alt: `piano roll of ${piece.name}` })),
+      statsTable(piece)),
     el("p", { class: "downloads" }, "Download: ", link(f.midi, "MIDI"), " ",
       f.wav ? link(f.wav, "WAV") : null, " ", link(f.tokens, "tokens"), " ",
       link(f.settings, "settings")),
