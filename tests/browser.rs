@@ -4,12 +4,15 @@
 //! audio and sees its piano roll; a corrupt upload shows the command line's
 //! message. Skipped, saying why, where chromedriver or Chromium is missing.
 //!
+//! `CADENZA_REQUIRE_BROWSER=1` (as `make browser-test` sets) fails instead.
+//!
 //! `CADENZA_STUDIO_SCREENSHOT=PATH` saves a screenshot of the page with the
 //! result there (`make studio-screenshot` writes docs/studio.png);
 //! `CADENZA_STUDIO_MODEL=DIR` uses that model instead of the tiny one.
 
 mod support;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -201,21 +204,30 @@ fn call(_a: &ureq::Agent, r: Result<ureq::http::Response<ureq::Body>, ureq::Erro
     v["value"].clone()
 }
 
+/// Says why the test cannot run: a skip, or a failure where a browser is required.
+fn skip(why: &str) {
+    if std::env::var_os("CADENZA_REQUIRE_BROWSER").is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("studio_in_headless_chromium cannot run: {why}");
+    }
+    // Straight to stderr, past the test harness's capture: a skip is seen.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED studio_in_headless_chromium: {why}"
+    );
+}
+
 #[test]
 fn studio_in_headless_chromium() {
     let Some(chromedriver) = find_program("CHROMEDRIVER", &["chromedriver"]) else {
-        eprintln!(
-            "SKIPPED studio_in_headless_chromium: no chromedriver (install the Debian \
-             packages chromium and chromium-driver, or set CHROMEDRIVER)"
+        skip(
+            "no chromedriver (install the Debian packages chromium and chromium-driver, \
+             or set CHROMEDRIVER)",
         );
         return;
     };
     let Some(chromium) = find_program("CHROME", &["chromium", "chromium-browser", "google-chrome"])
     else {
-        eprintln!(
-            "SKIPPED studio_in_headless_chromium: no Chromium (install the Debian package \
-             chromium, or set CHROME)"
-        );
+        skip("no Chromium (install the Debian package chromium, or set CHROME)");
         return;
     };
     let out = tempfile::tempdir().unwrap();
