@@ -226,6 +226,16 @@ fn a_job_makes_pieces_with_every_file_and_names_are_never_reused() {
     let secs = wav_seconds(&bytes);
     assert!((secs - piece.audio_seconds.unwrap()).abs() < 1e-6);
     assert!(secs > piece.seconds, "{secs} vs {}", piece.seconds);
+    // Byte ranges, for seeking in the audio player.
+    let r = a
+        .get(format!("{base}{}", &wav[1..]))
+        .header("range", "bytes=0-43")
+        .call()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 206);
+    let range = r.headers()["content-range"].to_str().unwrap().to_string();
+    assert_eq!(range, format!("bytes 0-43/{}", bytes.len()));
+    assert_eq!(r.into_body().read_to_vec().unwrap(), bytes[..44]);
     // Piano roll
     let (status, kind, png) = get_bytes(&a, format!("{base}{}", &piece.files.png[1..]));
     assert_eq!((status, kind.as_str()), (200, "image/png"));

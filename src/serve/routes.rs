@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -206,8 +206,7 @@ async fn submit(State(s): AppState, req: Request) -> Result<Response, ApiError> 
         Err(SubmitError::Busy) => Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "busy: one piece is being generated and {} are waiting; \
-                 try again when one is done",
+                "busy: a job is running and {} more are waiting; try again when one is done",
                 s.queue
             ),
         )),
@@ -232,7 +231,11 @@ async fn pieces(State(s): AppState) -> Json<serde_json::Value> {
     Json(json!({ "pieces": inner.gallery }))
 }
 
-async fn file(State(s): AppState, Path(name): Path<String>) -> Result<Response, ApiError> {
+async fn file(
+    State(s): AppState,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let path = s
         .file_path(&name)
         .ok_or_else(|| ApiError::not_found(format!("no file {name}")))?;
@@ -247,5 +250,66 @@ async fn file(State(s): AppState, Path(name): Path<String>) -> Result<Response, 
         Some("json") => "application/json",
         _ => "text/plain; charset=utf-8",
     };
-    Ok(([(header::CONTENT_TYPE, kind)], Body::from(bytes)).into_response())
+    let total = bytes.len();
+    // One byte range (`bytes=A-B`, `bytes=A-`, `bytes=-N`), so that the
+    // audio player can seek; anything else gets the whole file.
+    let range = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| byte_range(v, total));
+    let ranges = [(header::ACCEPT_RANGES, "bytes".to_string())];
+    Ok(match range {
+        Some((a, b)) => (
+            StatusCode::PARTIAL_CONTENT,
+            ranges,
+            [
+                (header::CONTENT_TYPE, kind.to_string()),
+                (header::CONTENT_RANGE, format!("bytes {a}-{b}/{total}")),
+            ],
+            Body::from(bytes[a..=b].to_vec()),
+        )
+            .into_response(),
+        None => (
+            ranges,
+            [(header::CONTENT_TYPE, kind.to_string())],
+            Body::from(bytes),
+        )
+            .into_response(),
+    })
+}
+
+/// The inclusive byte range `spec` asks of a `total`-byte file, if it is
+/// one satisfiable range.
+fn byte_range(spec: &str, total: usize) -> Option<(usize, usize)> {
+    let (a, b) = spec.strip_prefix("bytes=")?.trim().split_once('-')?;
+    if total == 0 || b.contains(',') {
+        return None;
+    }
+    let (a, b) = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: usize = n.parse().ok()?;
+            (total.saturating_sub(n), total - 1)
+        }
+        (a, "") => (a.parse().ok()?, total - 1),
+        (a, b) => (a.parse().ok()?, b.parse::<usize>().ok()?.min(total - 1)),
+    };
+    (a <= b && b < total).then_some((a, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_range;
+
+    #[test]
+    fn byte_ranges() {
+        assert_eq!(byte_range("bytes=0-", 10), Some((0, 9)));
+        assert_eq!(byte_range("bytes=2-4", 10), Some((2, 4)));
+        assert_eq!(byte_range("bytes=2-40", 10), Some((2, 9)));
+        assert_eq!(byte_range("bytes=-3", 10), Some((7, 9)));
+        assert_eq!(byte_range("bytes=10-", 10), None);
+        assert_eq!(byte_range("bytes=5-2", 10), None);
+        assert_eq!(byte_range("bytes=0-1,4-5", 10), None);
+        assert_eq!(byte_range("items=0-1", 10), None);
+        assert_eq!(byte_range("bytes=0-", 0), None);
+    }
 }
