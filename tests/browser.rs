@@ -375,4 +375,33 @@ fn studio_in_headless_chromium() {
         status.as_str().unwrap().contains("piece-0001.mid"),
         "{status}"
     );
+
+    // A long job shows its progress and stops on "Cancel".
+    b.type_into("#tokens", "8192");
+    b.type_into("#num_samples", "4");
+    b.click("#generate");
+    let running = b.wait_for(
+        "const p = document.getElementById('progress'); \
+         const t = document.getElementById('progress-text').textContent; \
+         return p.dataset.state === 'running' && t.includes('tokens/s') ? t : null",
+        long,
+    );
+    assert!(
+        running.as_str().unwrap().contains("/ 8192 tokens"),
+        "{running}"
+    );
+    b.click("#cancel");
+    let note = b.wait_for(
+        "return document.getElementById('job-error').textContent",
+        long,
+    );
+    assert_eq!(note, json!("Cancelled."));
+    assert_eq!(
+        b.js("return document.getElementById('generate').disabled"),
+        json!(false)
+    );
+    assert_eq!(
+        b.js("return document.querySelectorAll('#gallery .piece').length"),
+        json!(1)
+    );
 }

@@ -123,7 +123,7 @@ fn prompts_are_checked_like_on_the_command_line() {
     // Empty and too large.
     let (status, v) = upload(&a, &base, "e.mid", b"");
     assert_eq!(status, 400, "{v}");
-    let big = vec![0u8; 65 * 1024];
+    let big = vec![0u8; 1 << 20];
     let (status, v) = upload(&a, &base, "big.mid", &big);
     assert_eq!(status, 413, "{v}");
     assert!(v["error"].as_str().unwrap().contains("64 KiB"), "{v}");
@@ -177,6 +177,20 @@ fn bad_job_settings_are_refused_with_a_reason() {
             .send("{not json"),
     );
     assert_eq!(status, 400, "{v}");
+    // Another site's page cannot start jobs here; this one's can.
+    let (status, v) = answer(
+        a.post(format!("{base}api/jobs"))
+            .header("origin", "http://example.com")
+            .send_json(json!({ "tokens": 8 })),
+    );
+    assert_eq!(status, 403, "{v}");
+    let own = format!("http://{}", server.addr());
+    let (status, v) = answer(
+        a.post(format!("{base}api/jobs"))
+            .header("origin", own)
+            .send_json(json!({ "tokens": 8 })),
+    );
+    assert_eq!(status, 202, "{v}");
     let (status, _) = answer(a.get(format!("{base}api/jobs/777")).call());
     assert_eq!(status, 404);
     let (status, _) = answer(a.post(format!("{base}api/jobs/777/cancel")).send_empty());

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 
 use anyhow::{bail, Context, Result};
 
-pub use state::{JobRequest, JobState, JobView, PieceView, PromptInfo};
+pub use state::{JobRequest, JobState, JobView, PieceFilesView, PieceView, PromptInfo};
 
 /// Most tokens one job may ask for per piece.
 pub const MAX_TOKENS: usize = 8192;

@@ -12,11 +12,12 @@
 //!
 //! Errors are JSON `{"error": "..."}` with a 4xx/5xx status.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -60,6 +61,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/files/{name}", get(file))
         // Bodies are read with their own limits below.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(same_origin))
         .with_state(shared)
 }
 
@@ -72,6 +74,32 @@ fn page(text: &'static str, kind: &'static str) -> Response {
         text,
     )
         .into_response()
+}
+
+/// Refuses a request that changes something (anything but GET and HEAD)
+/// when a browser says it comes from a page of another site: another site
+/// open in the same browser cannot start jobs or upload prompts here.
+async fn same_origin(req: Request, next: axum::middleware::Next) -> Response {
+    let safe = req.method() == Method::GET || req.method() == Method::HEAD;
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok());
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if let (false, Some(origin)) = (safe, origin) {
+        let authority = origin.split_once("://").map_or(origin, |(_, a)| a);
+        if host != Some(authority) {
+            return ApiError(
+                StatusCode::FORBIDDEN,
+                format!("refused: a request from {origin} (another site)"),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// An error answer: `{"error": message}` with a status.
@@ -98,28 +126,36 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Most bytes read (and dropped) of a body past its limit, so that the
+/// client gets the 413 answer rather than a closed connection.
+const DRAIN_LIMIT: usize = 64 << 20;
+
 /// The body, refused (413) past `limit` bytes.
 async fn read_body(req: Request, limit: usize, what: &str) -> Result<Bytes, ApiError> {
-    let too_big = || {
-        ApiError(
+    let mut body = req.into_body();
+    let mut kept = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let frame = frame.map_err(|e| ApiError::bad(format!("cannot read the {what}: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            seen = seen.saturating_add(data.len());
+            if seen <= limit {
+                kept.extend_from_slice(&data);
+            } else if seen > DRAIN_LIMIT {
+                break;
+            }
+        }
+    }
+    if seen > limit {
+        return Err(ApiError(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
                 "the {what} is larger than the limit of {} KiB",
                 limit.div_ceil(1024)
             ),
-        )
-    };
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_big());
+        ));
     }
-    axum::body::to_bytes(req.into_body(), limit)
-        .await
-        .map_err(|_| too_big())
+    Ok(kept.into())
 }
 
 async fn info(State(s): AppState) -> Json<serde_json::Value> {
