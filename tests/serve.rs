@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cadenza::serve::{JobState, JobView, PieceView, PromptInfo};
 use serde_json::{json, Value};
-use support::{agent, json as answer, options, start, wait_job, wav_seconds};
+use support::{agent, json as answer, options, start, studio, wait_job, wav_seconds};
 
 const SAMPLE: &str = "oneills-reel-4-4.mid";
 
@@ -85,12 +85,7 @@ fn page_and_info_are_served_without_outside_resources() {
 
 #[test]
 fn prompts_are_checked_like_on_the_command_line() {
-    let out = tempfile::tempdir().unwrap();
-    let mut opts = options(out.path());
-    opts.max_upload = 64 * 1024;
-    let server = start(opts);
-    let base = server.url();
-    let a = agent();
+    let (_out, _server, base, a) = studio(|o| o.max_upload = 64 * 1024);
 
     // A good upload.
     let (status, v) = upload(&a, &base, SAMPLE, &sample_bytes());
@@ -149,10 +144,7 @@ fn prompts_are_checked_like_on_the_command_line() {
 
 #[test]
 fn bad_job_settings_are_refused_with_a_reason() {
-    let out = tempfile::tempdir().unwrap();
-    let server = start(options(out.path()));
-    let base = server.url();
-    let a = agent();
+    let (_out, server, base, a) = studio(|_| {});
     for (settings, needle) in [
         (json!({ "tokens": 0 }), "tokens"),
         (json!({ "tokens": 100000 }), "tokens"),
@@ -199,10 +191,7 @@ fn bad_job_settings_are_refused_with_a_reason() {
 
 #[test]
 fn a_job_makes_pieces_with_every_file_and_names_are_never_reused() {
-    let out = tempfile::tempdir().unwrap();
-    let server = start(options(out.path()));
-    let base = server.url();
-    let a = agent();
+    let (out, server, base, a) = studio(|_| {});
     let (_, v) = answer(
         a.post(format!("{base}api/prompts/sample/{SAMPLE}"))
             .send_empty(),
@@ -337,12 +326,7 @@ fn a_job_makes_pieces_with_every_file_and_names_are_never_reused() {
 
 #[test]
 fn a_full_queue_answers_busy_and_jobs_can_be_cancelled() {
-    let out = tempfile::tempdir().unwrap();
-    let mut opts = options(out.path());
-    opts.queue = 1;
-    let server = start(opts);
-    let base = server.url();
-    let a = agent();
+    let (_out, _server, base, a) = studio(|o| o.queue = 1);
     let long = json!({ "tokens": 8192, "num_samples": 4 });
     let (status, v) = submit(&a, &base, long.clone());
     assert_eq!(status, 202, "{v}");
@@ -408,10 +392,7 @@ fn rss_mib() -> f64 {
 
 #[test]
 fn twenty_concurrent_requests_are_all_answered() {
-    let out = tempfile::tempdir().unwrap();
-    let server = start(options(out.path()));
-    let base = server.url();
-    let a = agent();
+    let (_out, _server, base, a) = studio(|_| {});
     let (_, v) = answer(
         a.post(format!("{base}api/prompts/sample/{SAMPLE}"))
             .send_empty(),

@@ -81,6 +81,19 @@ pub fn start(opts: ServeOptions) -> Server {
     serve::start(opts).expect("the studio starts")
 }
 
+/// A studio with its own output folder, [`options`] changed by `change`;
+/// its URL and a client.
+pub fn studio(
+    change: impl FnOnce(&mut ServeOptions),
+) -> (tempfile::TempDir, Server, String, ureq::Agent) {
+    let out = tempfile::tempdir().unwrap();
+    let mut opts = options(out.path());
+    change(&mut opts);
+    let server = start(opts);
+    let base = server.url();
+    (out, server, base, agent())
+}
+
 /// An HTTP client that returns 4xx/5xx answers instead of failing on them.
 pub fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
