@@ -7,6 +7,7 @@ if command -v chromedriver >/dev/null && { command -v chromium >/dev/null || com
   exit 0
 fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
   echo "setup-browser: installing chromium and chromium-driver" >&2
   apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 ||
     { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null; }
