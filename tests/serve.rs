@@ -449,3 +449,59 @@ fn twenty_concurrent_requests_are_all_answered() {
     eprintln!("resident memory: {before:.0} MiB before the burst, {grown:+.0} MiB after");
     assert!(grown < 400.0, "memory grew by {grown:.0} MiB");
 }
+
+#[test]
+fn the_serve_command_listens_on_loopback_and_names_its_url() {
+    use std::io::BufRead;
+    let out = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_cadenza");
+    // A model folder that is not there: a clear error, no server.
+    let o = std::process::Command::new(bin)
+        .args(["serve", "--model", "no/such/model", "--port", "0", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("model folder no/such/model does not exist"),
+        "{err}"
+    );
+
+    let mut child = std::process::Command::new(bin)
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--model",
+        ])
+        .arg(support::tiny_model())
+        .arg("--out")
+        .arg(out.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(str::to_string);
+    let answer = url
+        .as_ref()
+        .map(|u| answer(agent().get(format!("{u}api/info")).call()));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let url = url.unwrap_or_else(|| panic!("no URL in {line:?}"));
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let (status, info) = answer.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(info["samples"].as_array().unwrap().len(), 3, "{info}");
+}
