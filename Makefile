@@ -13,9 +13,9 @@ demo: setup
 	@bash scripts/demo.sh
 
 test: setup
-	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) test
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace
 
 # Tests over the whole shared corpus (../shared/corpus or $$CADENZA_CORPUS):
 # tokenizer round trips and the shipped model's validation loss.
@@ -39,4 +39,4 @@ bench: setup
 	$(CARGO) bench
 
 fmt:
-	$(CARGO) fmt
+	$(CARGO) fmt --all

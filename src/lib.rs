@@ -13,11 +13,11 @@
 
 pub mod cli;
 pub mod eval;
-pub mod midi;
 pub mod model;
-pub mod render;
 pub mod sample;
 pub mod serve;
-pub mod tokenizer;
 pub mod train;
-pub mod util;
+
+// The stages that need no libtorch are compiled in `cadenza-core` (core/),
+// from their folders here, and appear under the same names.
+pub use cadenza_core::{midi, render, tokenizer, util};

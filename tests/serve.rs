@@ -154,6 +154,7 @@ fn bad_job_settings_are_refused_with_a_reason() {
         (json!({ "prompt_bars": 0 }), "bars"),
         (json!({ "prompt": 12345 }), "prompt 12345"),
         (json!({ "colour": "blue" }), "unknown field"),
+        (json!({ "programs": "piano" }), "--programs"),
         (json!({ "tokens": "many" }), "bad job settings"),
     ] {
         let (status, v) = submit(&a, &base, settings.clone());

@@ -65,6 +65,11 @@ pub struct GenerateArgs {
     /// Sample without the grammar constraint.
     #[arg(long)]
     pub unconstrained: bool,
+    /// Instruments the piece may use: `prompt` (those of the prompt; any
+    /// when there is no prompt), `any`, or General MIDI program numbers and
+    /// `drums`, comma-separated (e.g. `0,33,drums`).
+    #[arg(long, default_value = "prompt")]
+    pub programs: String,
     /// cpu, cuda, cuda:N or auto.
     #[arg(long)]
     pub device: Option<String>,
@@ -141,6 +146,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         None => Vec::new(),
     };
     let prompt = sample::prompt_tokens(&body, a.prompt_bars);
+    let programs = pieces::parse_programs(&a.programs, &sample::programs_of(vocab, &prompt))?;
     let cfg = SampleConfig {
         max_tokens: a.tokens,
         max_bars: a.max_bars,
@@ -159,6 +165,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             max_note_quarters: a.max_note_quarters,
             max_same_pitch: a.max_same_pitch,
         },
+        programs,
     };
     let pb = indicatif::ProgressBar::new(a.tokens as u64);
     pb.set_style(

@@ -4,7 +4,7 @@ mod generate;
 mod learn;
 mod tokens;
 
-use std::path::PathBuf;
+pub use tokens::VocabOpt;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -57,24 +57,6 @@ pub enum Command {
     /// A local web studio: pick or upload a prompt, generate, listen,
     /// compare and download, in the browser.
     Serve(crate::serve::ServeArgs),
-}
-
-/// Options shared by commands that tokenize.
-#[derive(clap::Args, Debug, Clone)]
-pub struct VocabOpt {
-    /// Vocabulary JSON file (default: the built-in default REMI+ vocabulary,
-    /// the same as vocab/remi-default.json).
-    #[arg(long)]
-    pub vocab: Option<PathBuf>,
-}
-
-impl VocabOpt {
-    pub fn load(&self) -> Result<crate::tokenizer::Vocab> {
-        match &self.vocab {
-            Some(p) => crate::tokenizer::Vocab::load(p),
-            None => crate::tokenizer::Vocab::new(crate::tokenizer::RemiConfig::default()),
-        }
-    }
 }
 
 pub fn run(cli: Cli) -> Result<i32> {

@@ -6,9 +6,26 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use super::VocabOpt;
 use crate::midi;
 use crate::tokenizer::{self, dataset};
+
+/// Options shared by commands that tokenize.
+#[derive(clap::Args, Debug, Clone)]
+pub struct VocabOpt {
+    /// Vocabulary JSON file (default: the built-in default REMI+ vocabulary,
+    /// the same as vocab/remi-default.json).
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
+}
+
+impl VocabOpt {
+    pub fn load(&self) -> Result<tokenizer::Vocab> {
+        match &self.vocab {
+            Some(p) => tokenizer::Vocab::load(p),
+            None => tokenizer::Vocab::new(tokenizer::RemiConfig::default()),
+        }
+    }
+}
 
 #[derive(clap::Args, Debug)]
 pub struct EncodeArgs {

@@ -150,15 +150,15 @@ impl SineSpe {
         // softplus(gains) duplicated in the same interleaved order
         let g = self.gains.softplus();
         let g = Tensor::stack(&[&g, &g], -1).reshape([h, d, 2 * k, 1]);
-        let zg = z * g; // (H, D, 2K, R)
-        let scale = ((r * d) as f64).powf(-0.25);
+        // The (R D)^-1/4 scale is folded into the small (H, D, 2K, R) factor
+        // rather than applied to the (L, H, D, R) codes: one pass less over them.
+        let zg = z * g * ((r * d) as f64).powf(-0.25); // (H, D, 2K, R)
         let mk = |o: Tensor| -> Tensor {
             // (H, D, L, 2K) x (H, D, 2K, R) -> (H, D, L, R) -> (L, H, D, R)
             o.permute([1, 2, 0, 3])
                 .matmul(&zg)
                 .permute([2, 0, 1, 3])
                 .contiguous()
-                * scale
         };
         (mk(oq), mk(ok))
     }

@@ -568,7 +568,7 @@ impl Transformer {
                 x + ape * (0.02 * std::f64::consts::SQRT_2)
             };
         }
-        x = x.dropout(p, train);
+        x = dropout(x, p, train);
 
         let codes = self.window_codes(offset, l, mode, &mut state);
         let shared = self.codes.len() == 1;
@@ -628,7 +628,7 @@ impl Transformer {
                     let sc = (dk as f64).powf(-0.25);
                     let pq = feats.features(&(&qa * sc), true);
                     let pk = feats.features(&(&ka * sc), false);
-                    let vf = v.to_kind(Kind::Float);
+                    let vf = as_kind(&v, Kind::Float);
                     let out = match lstate {
                         Some(LayerState::Favor { s, z }) => {
                             if mode == Mode::Step {
@@ -658,7 +658,7 @@ impl Transformer {
                         Some(_) => unreachable!("state/attention mismatch"),
                         None => causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, None).0,
                     };
-                    out.to_kind(kind)
+                    as_kind(&out, kind)
                 }
                 AttentionKind::Softmax => {
                     let qf = qa.to_kind(Kind::Float);
@@ -682,13 +682,13 @@ impl Transformer {
                 }
             };
             let att = att.permute([0, 2, 1, 3]).reshape([b, l, d]).apply(&blk.out);
-            x = x + att.dropout(p, train);
+            x = x + dropout(att, p, train);
             let ff = x
                 .apply(&blk.norm2)
                 .apply(&blk.ff1)
                 .gelu("none")
                 .apply(&blk.ff2);
-            x = x + ff.dropout(p, train);
+            x = x + dropout(ff, p, train);
         }
         drop(train_guard);
         let x = x.apply(&self.final_norm);
@@ -706,7 +706,27 @@ impl Transformer {
         if let Some(st) = state {
             st.position = offset + l;
         }
-        logits.to_kind(Kind::Float)
+        as_kind(&logits, Kind::Float)
+    }
+}
+
+/// Dropout with probability `p` while training; outside training (and at
+/// p = 0) the tensor itself, without a libtorch call: a generation step is a
+/// few hundred small calls, and each one costs about as much as its arithmetic.
+fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
+    if train && p > 0.0 {
+        x.dropout(p, true)
+    } else {
+        x
+    }
+}
+
+/// `t` in `kind`, without a libtorch call when it already is.
+pub(crate) fn as_kind(t: &Tensor, kind: Kind) -> Tensor {
+    if t.kind() == kind {
+        t.shallow_clone()
+    } else {
+        t.to_kind(kind)
     }
 }
 

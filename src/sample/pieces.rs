@@ -41,6 +41,34 @@ pub fn prompt_from_bytes(
     Ok((score, ids, warnings))
 }
 
+/// The `--programs` value: `None` for any instrument, else the allowed
+/// `Program` values. `prompt` means those of the prompt (`in_prompt`), or any
+/// when the prompt has none.
+pub fn parse_programs(arg: &str, in_prompt: &[u8]) -> Result<Option<Vec<u8>>> {
+    match arg.trim() {
+        "any" => return Ok(None),
+        "prompt" => return Ok((!in_prompt.is_empty()).then(|| in_prompt.to_vec())),
+        _ => {}
+    }
+    let mut out = Vec::new();
+    for part in arg.split(',').map(str::trim) {
+        let p = match part {
+            "drums" => tokenizer::DRUMS,
+            n => match n.parse::<u8>() {
+                Ok(p) if p < 128 => p,
+                _ => bail!(
+                    "--programs: `{part}` is not a General MIDI program (0-127) or `drums`; \
+                     use `prompt`, `any` or a comma-separated list such as 0,33,drums"
+                ),
+            },
+        };
+        out.push(p);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(Some(out))
+}
+
 /// How generated pieces are rendered to audio.
 pub fn render_options() -> render::RenderOptions {
     render::RenderOptions {
@@ -105,4 +133,27 @@ pub fn write_piece(
         skipped: rep.skipped,
         audio,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_flag() {
+        assert_eq!(parse_programs("any", &[0]).unwrap(), None);
+        assert_eq!(
+            parse_programs("prompt", &[0, 40]).unwrap(),
+            Some(vec![0, 40])
+        );
+        assert_eq!(parse_programs("prompt", &[]).unwrap(), None);
+        assert_eq!(
+            parse_programs("33, drums,0,33", &[]).unwrap(),
+            Some(vec![0, 33, tokenizer::DRUMS])
+        );
+        for bad in ["128", "piano", "", "1,,2"] {
+            let e = parse_programs(bad, &[]).unwrap_err().to_string();
+            assert!(e.contains("--programs"), "{e}");
+        }
+    }
 }

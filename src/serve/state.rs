@@ -53,6 +53,10 @@ pub struct JobRequest {
     pub top_p: f64,
     pub seed: u64,
     pub num_samples: usize,
+    /// Instruments the pieces may use, as `generate --programs` takes them:
+    /// `prompt` (the prompt's; any without a prompt), `any`, or program
+    /// numbers and `drums`, comma-separated.
+    pub programs: String,
 }
 
 impl Default for JobRequest {
@@ -66,6 +70,7 @@ impl Default for JobRequest {
             top_p: 0.95,
             seed: 0,
             num_samples: 1,
+            programs: "prompt".into(),
         }
     }
 }
@@ -87,18 +92,21 @@ impl JobRequest {
         if self.prompt_bars == Some(0) {
             return Err("prompt bars must be at least 1 (leave it empty for all)".into());
         }
-        self.sample_config()
+        crate::sample::pieces::parse_programs(&self.programs, &[]).map_err(|e| format!("{e:#}"))?;
+        self.sample_config(None)
             .validate()
             .map_err(|e| format!("{e:#}"))
     }
 
-    pub fn sample_config(&self) -> crate::sample::SampleConfig {
+    /// The sampler's settings, with the instruments allowed.
+    pub fn sample_config(&self, programs: Option<Vec<u8>>) -> crate::sample::SampleConfig {
         crate::sample::SampleConfig {
             max_tokens: self.tokens,
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
             seed: self.seed,
+            programs,
             ..Default::default()
         }
     }

@@ -148,7 +148,8 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
     m.model.freeze(req.seed);
     let vocab = &m.vocab;
     let prompt = sample::prompt_tokens(&body, req.prompt_bars);
-    let cfg = req.sample_config();
+    let programs = pieces::parse_programs(&req.programs, &sample::programs_of(vocab, &prompt))?;
+    let cfg = req.sample_config(programs);
     let n = req.num_samples;
     let samples = sample::generate_until(&m.model, vocab, &prompt, n, &cfg, &mut |k| {
         let secs = t0.elapsed().as_secs_f64();

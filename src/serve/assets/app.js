@@ -4,6 +4,7 @@
 
 const $ = (id) => document.getElementById(id);
 const FIELDS = ["prompt_bars", "tokens", "temperature", "top_k", "top_p", "seed", "num_samples"];
+const TEXT_FIELDS = ["programs"];
 const STATS = [
   ["notes", "notes", 0],
   ["bars", "bars", 0],
@@ -130,6 +131,7 @@ function settings() {
     const v = $(f).value.trim();
     s[f] = v === "" ? null : Number(v);
   }
+  for (const f of TEXT_FIELDS) s[f] = $(f).value.trim();
   return s;
 }
 
@@ -242,7 +244,8 @@ function pieceCard(piece) {
     el("p", { class: "meta" },
       `${piece.tokens - piece.prompt_tokens} new tokens after ${piece.prompt_tokens}, ` +
       `${piece.notes} notes, ${fmt(piece.seconds, 1)} s; temperature ${s.temperature}, ` +
-      `top-k ${s.top_k}, top-p ${s.top_p}, seed ${s.seed}, sample ${piece.index}`),
+      `top-k ${s.top_k}, top-p ${s.top_p}, seed ${s.seed}, instruments ${s.programs}, ` +
+      `sample ${piece.index}`),
     el("div", { class: "body" },
       el("div", { class: "media" },
         audio,
@@ -288,7 +291,7 @@ async function init() {
     for (const name of info.samples) {
       $("sample-select").append(el("option", { value: name }, name));
     }
-    for (const f of FIELDS) {
+    for (const f of FIELDS.concat(TEXT_FIELDS)) {
       const v = info.defaults[f];
       $(f).value = v === null || v === undefined ? "" : v;
     }

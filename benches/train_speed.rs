@@ -1,0 +1,123 @@
+//! Training-step throughput and peak memory of one configuration
+//! (harness = false), for `scripts/bench-vs-pytorch.sh`.
+//!
+//! ```text
+//! cargo bench --bench train_speed -- --len 512 --batch 8 [--steps 3] [--threads 2]
+//!     [--preset small] [--vocab 845] [--attention favor|softmax] [--positional spe-sine]
+//! ```
+//!
+//! One step is what `cadenza train` does per batch: forward, mean
+//! cross-entropy, backward, gradient clipping at 1.0 and the AdamW update.
+//! Random tokens (the cost does not depend on the ids). One untimed warm-up
+//! step, then `--steps` timed ones. Prints one JSON line: the mean seconds
+//! per step, tokens per second (batch x len / seconds) and the process's peak
+//! resident memory (VmHWM; run one configuration per process to read it).
+
+use std::time::Instant;
+
+use cadenza::model::{AttentionKind, ModelConfig, Transformer};
+use cadenza::train::{adamw::AdamW, lm_loss};
+use tch::{nn, Device, Kind, Tensor};
+
+struct Opts {
+    len: i64,
+    batch: i64,
+    steps: usize,
+    threads: i32,
+    preset: String,
+    vocab: i64,
+    attention: String,
+    positional: String,
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        len: 512,
+        batch: 8,
+        steps: 3,
+        threads: 2,
+        preset: "small".into(),
+        vocab: 845,
+        attention: "favor".into(),
+        positional: "spe-sine".into(),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let key = args[i].as_str();
+        // `cargo bench` adds `--bench`.
+        if key == "--bench" {
+            i += 1;
+            continue;
+        }
+        let val = args
+            .get(i + 1)
+            .unwrap_or_else(|| panic!("{key} needs a value"));
+        let num = |v: &str| v.parse::<i64>().unwrap_or_else(|_| panic!("{key} {v}"));
+        match key {
+            "--len" => o.len = num(val),
+            "--batch" => o.batch = num(val),
+            "--steps" => o.steps = num(val) as usize,
+            "--threads" => o.threads = num(val) as i32,
+            "--preset" => o.preset = val.clone(),
+            "--vocab" => o.vocab = num(val),
+            "--attention" => o.attention = val.clone(),
+            "--positional" => o.positional = val.clone(),
+            _ => panic!("unknown option {key}"),
+        }
+        i += 2;
+    }
+    o
+}
+
+fn vm_mb(field: &str) -> f64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn main() {
+    let o = parse();
+    tch::set_num_threads(o.threads);
+    tch::manual_seed(0);
+    let mut cfg = ModelConfig::preset(&o.preset, o.vocab)
+        .unwrap()
+        .with_positional(&o.positional)
+        .unwrap();
+    if o.attention == "softmax" {
+        cfg.attention = AttentionKind::Softmax;
+    }
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = Transformer::new(&vs.root(), &cfg).unwrap();
+    let mut opt = AdamW::new(vs.variables(), 0.9, 0.98, 1e-8, 0.01);
+    let base = vm_mb("VmRSS:");
+    let mut step = || {
+        let batch =
+            Tensor::randint_low(1, o.vocab, [o.batch, o.len + 1], (Kind::Int64, Device::Cpu));
+        let t0 = Instant::now();
+        let loss = lm_loss(&model, &batch, true);
+        loss.backward();
+        opt.clip_grad_norm(1.0);
+        opt.update(1e-4);
+        opt.zero_grad();
+        t0.elapsed().as_secs_f64()
+    };
+    step();
+    let secs: f64 = (0..o.steps).map(|_| step()).sum::<f64>() / o.steps.max(1) as f64;
+    println!(
+        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1}}}",
+        o.attention,
+        o.positional,
+        o.len,
+        o.batch,
+        o.steps,
+        tch::get_num_threads(),
+        secs,
+        (o.batch * o.len) as f64 / secs,
+        base,
+        vm_mb("VmHWM:")
+    );
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Training throughput and memory: cadenza (FAVOR+ with gated SineSPE, the
+# `small` shape: d 256, 4 layers, 4 heads, d_ff 1024, vocabulary 845) against a
+# plain PyTorch 2.13 GPT of the same shape whose attention is
+# torch.nn.functional.scaled_dot_product_attention (softmax, causal), side by
+# side in one run: for each length one cadenza process, then one PyTorch
+# process, with the same batch, the same step (forward, cross-entropy,
+# backward, clipping, AdamW) and the same number of threads. Prints one
+# markdown table. Give it the machine alone (libtorch threads spin).
+#
+# Batches hold 32,768 tokens (batch 8 up to L = 4,096, then 4 and 2) so that
+# both models fit in memory at 16,384.
+#
+# Needs scripts/reference/setup.sh (the PyTorch venv at runs/ref-venv).
+# Environment: LENS ["512 2048 4096 8192 16384"], STEPS [2], THREADS [2],
+#              OUT [runs/bench-vs-pytorch].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+lens=${LENS:-512 2048 4096 8192 16384}
+steps=${STEPS:-2}
+threads=${THREADS:-2}
+out=${OUT:-runs/bench-vs-pytorch}
+py=runs/ref-venv/bin/python
+[ -x $py ] || { echo "no $py: run scripts/reference/setup.sh first" >&2; exit 1; }
+mkdir -p "$out"
+res=$out/results.jsonl
+: > "$res"
+cargo bench -q --bench train_speed --no-run 2>/dev/null
+for L in $lens; do
+  B=$(( 32768 / L )); [ $B -gt 8 ] && B=8; [ $B -lt 1 ] && B=1
+  echo "L=$L batch=$B" >&2
+  cargo bench -q --bench train_speed -- --len $L --batch $B --steps $steps --threads $threads >> "$res"
+  $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $steps --threads $threads \
+    2>/dev/null >> "$res"
+done
+python3 scripts/bench_table.py "$res"
