@@ -131,36 +131,71 @@ impl SineSpe {
 
     /// Codes for positions start..start+len with noise z (H, D, 2K, R): (qbar, kbar), each (L, H, D, R).
     pub fn codes(&self, start: i64, len: i64, z: &Tensor) -> (Tensor, Tensor) {
+        self.codes_from(&self.factors(z), start, len)
+    }
+
+    /// The parts of the codes that do not depend on the position, for noise z.
+    pub fn factors(&self, z: &Tensor) -> SineFactors {
+        let (h, d, k, r) = (self.heads, self.dim, self.sines, self.realizations);
+        // softplus(gains) duplicated in the interleaved order of z's 2K axis
+        let g = self.gains.softplus();
+        let g = Tensor::stack(&[&g, &g], -1).reshape([h, d, 2 * k, 1]);
+        SineFactors {
+            cycles: self.frequencies().to_kind(Kind::Double).unsqueeze(0),
+            offsets: self.offsets.unsqueeze(0),
+            // The (R D)^-1/4 scale is folded into this small factor rather than
+            // applied to the (L, H, D, R) codes: one pass less over them.
+            zg: z * g * ((r * d) as f64).powf(-0.25),
+        }
+    }
+
+    /// [`SineSpe::codes`] from precomputed [`SineSpe::factors`].
+    pub fn codes_from(&self, f: &SineFactors, start: i64, len: i64) -> (Tensor, Tensor) {
         let dev = self.freqs.device();
         let kind = self.freqs.kind();
-        let (h, d, k, r) = (self.heads, self.dim, self.sines, self.realizations);
+        let (h, d, k) = (self.heads, self.dim, self.sines);
         // f * m in cycles is formed in f64 and reduced mod 1 (frac has unit gradient) before
         // going back to the params' kind: large positions keep their phase precision while the
         // cos/sin tensors saved for backward stay in f32.
-        let f = self.frequencies().to_kind(Kind::Double);
         let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).view([-1, 1, 1, 1]);
-        let cycles = (f.unsqueeze(0) * pos).frac().to_kind(kind); // (L, H, D, K)
+        let cycles = (&f.cycles * pos).frac().to_kind(kind); // (L, H, D, K)
         let kph = cycles * (2.0 * PI);
-        let qph = &kph + self.offsets.unsqueeze(0);
+        let qph = &kph + &f.offsets;
         // interleaved [cos_0, sin_0, cos_1, sin_1, ...]
         let omega =
             |ph: &Tensor| Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([len, h, d, 2 * k]);
-        let oq = omega(&qph);
-        let ok = omega(&kph);
-        // softplus(gains) duplicated in the same interleaved order
-        let g = self.gains.softplus();
-        let g = Tensor::stack(&[&g, &g], -1).reshape([h, d, 2 * k, 1]);
-        // The (R D)^-1/4 scale is folded into the small (H, D, 2K, R) factor
-        // rather than applied to the (L, H, D, R) codes: one pass less over them.
-        let zg = z * g * ((r * d) as f64).powf(-0.25); // (H, D, 2K, R)
         let mk = |o: Tensor| -> Tensor {
             // (H, D, L, 2K) x (H, D, 2K, R) -> (H, D, L, R) -> (L, H, D, R)
             o.permute([1, 2, 0, 3])
-                .matmul(&zg)
+                .matmul(&f.zg)
                 .permute([2, 0, 1, 3])
                 .contiguous()
         };
-        (mk(oq), mk(ok))
+        (mk(omega(&qph)), mk(omega(&kph)))
+    }
+}
+
+/// The position-independent parts of SineSPE codes for one noise draw z:
+/// computed once per generation (a recurrent step needs the code of one
+/// position only) and on every call otherwise.
+#[derive(Debug)]
+pub struct SineFactors {
+    /// (1, H, D, K) f64: frequencies in cycles per position.
+    cycles: Tensor,
+    /// (1, H, D, K): phase offsets of the query side.
+    offsets: Tensor,
+    /// (H, D, 2K, R): z times the gains, times (R D)^-1/4.
+    zg: Tensor,
+}
+
+impl SineFactors {
+    /// Another handle on the same tensors.
+    pub fn share(&self) -> SineFactors {
+        SineFactors {
+            cycles: self.cycles.shallow_clone(),
+            offsets: self.offsets.shallow_clone(),
+            zg: self.zg.shallow_clone(),
+        }
     }
 }
 
@@ -330,18 +365,49 @@ pub fn frozen_xi(
 /// result[b, h, m, r] = sum_d q[b, m, h, d] Qf[m, h, d, r], computed without materializing
 /// (B, L, H, D, R): one batched matmul over (L, H) with the shared code and one with xi.
 pub fn spe_filter(x: &Tensor, code: &Tensor, gate: Option<(&Tensor, &Tensor)>) -> Tensor {
+    let gate = gate.map(|(g, xi)| GateFactors::new(g, xi));
+    spe_filter_with(x, code, gate.as_ref())
+}
+
+/// [`spe_filter`] with the gate in the form it uses (shared by the queries
+/// and keys of a layer, and by all the steps of a generation).
+pub fn spe_filter_with(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
     match gate {
         None => x.permute([1, 2, 0, 3]).matmul(code).permute([2, 1, 0, 3]),
-        Some((gate, xi)) => {
-            let g = gate.sigmoid();
-            let a = (-&g + 1.0).sqrt();
-            let b = g.sqrt();
-            let t1 = (x * a)
+        Some(gf) => {
+            let t1 = (x * &gf.a)
                 .permute([1, 2, 0, 3])
                 .matmul(code)
                 .permute([2, 1, 0, 3]);
-            let t2 = (x * b).permute([0, 2, 1, 3]).matmul(xi);
+            // (x sqrt(g)) xi = x (sqrt(g) xi)
+            let t2 = x.permute([0, 2, 1, 3]).matmul(&gf.xi_b);
             t1 + t2
+        }
+    }
+}
+
+/// A gate of the gated SPE filter, g = sigmoid(gate logits): a = sqrt(1 - g)
+/// (H, D) weighs the code, xi_b = sqrt(g) xi (H, D, R) is the noise term.
+#[derive(Debug)]
+pub struct GateFactors {
+    pub a: Tensor,
+    pub xi_b: Tensor,
+}
+
+impl GateFactors {
+    pub fn new(gate: &Tensor, xi: &Tensor) -> GateFactors {
+        let g = gate.sigmoid();
+        GateFactors {
+            a: (-&g + 1.0).sqrt(),
+            xi_b: xi * g.sqrt().unsqueeze(-1),
+        }
+    }
+
+    /// Another handle on the same tensors.
+    pub fn share(&self) -> GateFactors {
+        GateFactors {
+            a: self.a.shallow_clone(),
+            xi_b: self.xi_b.shallow_clone(),
         }
     }
 }

@@ -27,7 +27,9 @@ use tch::{nn, nn::Module, Device, Kind, Tensor};
 use crate::model::config::{AttentionKind, ModelConfig, PositionalEncoding};
 use crate::model::favor::{causal_linear_attention, recurrent_step, FavorFeatures};
 use crate::model::noise;
-use crate::model::spe::{draw_xi, frozen_xi, spe_filter, ConvSpe, SineSpe, SpeCode};
+use crate::model::spe::{
+    draw_xi, frozen_xi, spe_filter_with, ConvSpe, GateFactors, SineFactors, SineSpe, SpeCode,
+};
 
 /// Seed of the noise/features a freshly built model is frozen with.
 pub const DEFAULT_SEED: u64 = 0;
@@ -93,6 +95,36 @@ pub struct RecurrentState {
     /// The frozen seed the state was built with (rings depend on it).
     pub seed: u64,
     pub batch: i64,
+    /// What every step needs and no step changes, computed from the weights
+    /// by [`Transformer::begin_at`]: a state belongs to the weights it was
+    /// begun with.
+    cache: StepCache,
+}
+
+/// The position-independent factors of a step (see [`RecurrentState::cache`]).
+#[derive(Debug)]
+struct StepCache {
+    /// Per SPE code: the SineSPE factors of the frozen noise (None for ConvSPE).
+    sine: Vec<Option<SineFactors>>,
+    /// Per layer: the gate of the gated SPE filter with the frozen xi.
+    gates: Vec<Option<GateFactors>>,
+}
+
+impl StepCache {
+    fn share(&self) -> StepCache {
+        StepCache {
+            sine: self
+                .sine
+                .iter()
+                .map(|f| f.as_ref().map(SineFactors::share))
+                .collect(),
+            gates: self
+                .gates
+                .iter()
+                .map(|g| g.as_ref().map(GateFactors::share))
+                .collect(),
+        }
+    }
 }
 
 impl RecurrentState {
@@ -104,6 +136,7 @@ impl RecurrentState {
             rings: self.rings.iter().map(|t| t.copy()).collect(),
             seed: self.seed,
             batch: self.batch,
+            cache: self.cache.share(),
         }
     }
 
@@ -120,6 +153,7 @@ impl RecurrentState {
             rings: self.rings.iter().map(|t| t.copy()).collect(),
             seed: self.seed,
             batch: indices.size()[0],
+            cache: self.cache.share(),
         }
     }
 }
@@ -436,7 +470,32 @@ impl Transformer {
             rings,
             seed,
             batch,
+            cache: tch::no_grad(|| self.step_cache()),
         }
+    }
+
+    /// The [`StepCache`] of the current weights and frozen noise.
+    fn step_cache(&self) -> StepCache {
+        let sine = self
+            .codes
+            .iter()
+            .enumerate()
+            .map(|(c, code)| match code {
+                SpeCode::Sine(s) => Some(s.factors(self.frozen.z[c].as_ref().expect("frozen Z"))),
+                SpeCode::Conv(_) => None,
+            })
+            .collect();
+        let gates = self
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                b.gate
+                    .as_ref()
+                    .map(|g| GateFactors::new(g, &self.frozen.xi[i]))
+            })
+            .collect();
+        StepCache { sine, gates }
     }
 
     fn check_state(&self, state: &RecurrentState, batch: i64) {
@@ -490,7 +549,14 @@ impl Transformer {
             let pair = match code {
                 SpeCode::Sine(s) => match mode {
                     Mode::Train => s.codes(offset, len, &s.draw_z()),
-                    _ => s.codes(offset, len, self.frozen.z[c].as_ref().expect("frozen Z")),
+                    Mode::Step => {
+                        let st = state.as_deref().expect("step needs a state");
+                        let f = st.cache.sine[c].as_ref().expect("SineSPE step factors");
+                        s.codes_from(f, offset, len)
+                    }
+                    Mode::Eval => {
+                        s.codes(offset, len, self.frozen.z[c].as_ref().expect("frozen Z"))
+                    }
                 },
                 SpeCode::Conv(conv) => {
                     let k = conv.kernel;
@@ -608,12 +674,19 @@ impl Transformer {
                 .permute([0, 2, 1, 3]);
             let (qa, ka) = if let Some(rr) = r {
                 let (qbar, kbar) = &codes[if shared { 0 } else { i }];
-                let xi = blk.gate.as_ref().map(|_| match mode {
-                    Mode::Train => draw_xi(h, hd, rr, kind, self.device),
-                    _ => self.frozen.xi[i].shallow_clone(),
+                let gate = blk.gate.as_ref().map(|g| match mode {
+                    Mode::Train => GateFactors::new(g, &draw_xi(h, hd, rr, kind, self.device)),
+                    Mode::Step => state
+                        .as_deref()
+                        .and_then(|s| s.cache.gates[i].as_ref())
+                        .expect("gate step factors")
+                        .share(),
+                    Mode::Eval => GateFactors::new(g, &self.frozen.xi[i]),
                 });
-                let gate = blk.gate.as_ref().zip(xi.as_ref());
-                (spe_filter(&q, qbar, gate), spe_filter(&k, kbar, gate))
+                (
+                    spe_filter_with(&q, qbar, gate.as_ref()),
+                    spe_filter_with(&k, kbar, gate.as_ref()),
+                )
             } else {
                 (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
             };
