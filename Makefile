@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: demo test setup corpus-test bench fmt
+.PHONY: demo test setup corpus-test bench fmt browser-test studio-screenshot
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,19 @@ test: setup
 # tokenizer round trips and the shipped model's validation loss.
 corpus-test: setup
 	$(CARGO) test --test corpus --test shipped -- --ignored --nocapture
+
+# The studio (`cadenza serve`) in headless Chromium over WebDriver; installs
+# Debian's chromium and chromium-driver when root and missing. `make test`
+# runs the same test but skips it where they are missing; here it must run.
+browser-test: setup
+	@bash scripts/setup-browser.sh
+	CADENZA_REQUIRE_BROWSER=1 $(CARGO) test --test browser -- --nocapture
+
+# docs/studio.png: the page with a piece from the shipped model.
+studio-screenshot: setup
+	@bash scripts/setup-browser.sh
+	CADENZA_REQUIRE_BROWSER=1 CADENZA_STUDIO_MODEL=models/cadenza-small \
+	  CADENZA_STUDIO_SCREENSHOT=docs/studio.png $(CARGO) test --test browser -- --nocapture
 
 bench: setup
 	$(CARGO) bench

@@ -9,12 +9,14 @@
 //! - [`eval`]: what a model learned, per token type and pitch context;
 //! - [`sample`]: generation and statistics of pieces;
 //! - [`render`]: WAV and pictures;
-//! - [`limits`]: what one input may cost (sizes, lengths, regular files only).
+//! - [`limits`]: what one input may cost (sizes, lengths, regular files only);
+//! - [`serve`]: the local web studio.
 
 pub mod cli;
 pub mod eval;
 pub mod model;
 pub mod sample;
+pub mod serve;
 pub mod train;
 
 // The stages that need no libtorch are compiled in `cadenza-core` (core/),

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::midi;
 use crate::render;
-use crate::sample::{self, SampleConfig};
+use crate::sample::{self, pieces, SampleConfig};
 use crate::tokenizer;
 use crate::train::checkpoint;
 
@@ -134,41 +134,6 @@ pub fn numbered(path: &Path, i: usize, n: usize) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// The `--programs` value: `None` for any instrument, else the allowed
-/// `Program` values. `prompt` means those of the prompt (`in_prompt`), or any
-/// when the prompt has none.
-pub fn parse_programs(arg: &str, in_prompt: &[u8]) -> Result<Option<Vec<u8>>> {
-    match arg.trim() {
-        "any" => return Ok(None),
-        "prompt" => return Ok((!in_prompt.is_empty()).then(|| in_prompt.to_vec())),
-        _ => {}
-    }
-    let mut out = Vec::new();
-    for part in arg.split(',').map(str::trim) {
-        let p = match part {
-            "drums" => tokenizer::DRUMS,
-            n => match n.parse::<u8>() {
-                Ok(p) if p < 128 => p,
-                _ => bail!(
-                    "--programs: `{part}` is not a General MIDI program (0-127) or `drums`; \
-                     use `prompt`, `any` or a comma-separated list such as 0,33,drums"
-                ),
-            },
-        };
-        out.push(p);
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(Some(out))
-}
-
-fn render_options() -> render::RenderOptions {
-    render::RenderOptions {
-        gain: 2.0,
-        ..render::RenderOptions::default()
-    }
-}
-
 /// Every output path of `generate` (numbered per sample), with its flag.
 fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
     let n = a.num_samples;
@@ -263,15 +228,10 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     let body = match &a.prompt {
         Some(p) => {
             let (score, report) = midi::read_file_with(p, &limits)?;
-            for w in report.warnings() {
-                eprintln!("warning: {}: {w}", p.display());
-            }
-            let (ids, q) = tokenizer::encode(&score, vocab);
-            for w in q.warnings() {
-                eprintln!("warning: {}: {w}", p.display());
-            }
-            if ids.is_empty() {
-                bail!("{}: the prompt has no notes", p.display());
+            let name = p.display().to_string();
+            let (ids, warnings) = pieces::prompt_body(&score, &report, vocab, &name)?;
+            for w in warnings {
+                eprintln!("warning: {name}: {w}");
             }
             ids
         }
@@ -288,7 +248,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         );
     }
     check_memory(&a, &m.config.model, prompt.len())?;
-    let programs = parse_programs(&a.programs, &sample::programs_of(vocab, &prompt))?;
+    let programs = pieces::parse_programs(&a.programs, &sample::programs_of(vocab, &prompt))?;
     let cfg = SampleConfig {
         max_tokens: a.tokens,
         max_bars: a.max_bars,
@@ -334,40 +294,33 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     );
     let n = samples.len();
     for (i, s) in samples.iter().enumerate() {
-        let (score, rep) = tokenizer::decode(&s.tokens, vocab);
-        let score = tokenizer::to_output_resolution(&score);
-        let out = numbered(&a.output, i, n);
-        midi::write_file(&score, &out)?;
+        let files = pieces::PieceFiles {
+            midi: numbered(&a.output, i, n),
+            tokens: a.tokens_out.as_ref().map(|t| numbered(t, i, n)),
+            wav: a.wav.as_ref().map(|w| numbered(w, i, n)),
+            png: a.png.as_ref().map(|p| numbered(p, i, n)),
+            piano_roll: render::PianoRollOptions::default(),
+        };
+        let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref())?;
         println!(
             "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), \
              {} guard change(s), {} skipped token(s)",
-            out.display(),
+            files.midi.display(),
             s.tokens.len(),
-            score.notes.len(),
-            score.duration_seconds(),
+            w.score.notes.len(),
+            w.score.duration_seconds(),
             s.stop,
             s.grammar_corrections,
             s.guard_changes,
-            rep.skipped
+            w.skipped
         );
-        if let Some(t) = &a.tokens_out {
-            let path = numbered(t, i, n);
-            let text: String = s
-                .tokens
-                .iter()
-                .map(|&id| format!("{}\n", vocab.string(id).unwrap_or("?")))
-                .collect();
-            crate::util::write_atomic(&path, text.as_bytes())?;
+        if let Some(path) = &files.tokens {
             println!("{}: tokens", path.display());
         }
-        if let (Some(w), Some(sf)) = (&a.wav, &soundfont) {
-            let path = numbered(w, i, n);
-            let st = render::render_wav(&score, sf, &render_options(), &path)?;
+        if let (Some(path), Some(st)) = (&files.wav, &w.audio) {
             println!("{}: {:.1} s of audio", path.display(), st.seconds);
         }
-        if let Some(p) = &a.png {
-            let path = numbered(p, i, n);
-            render::piano_roll_png(&score, &path, &render::PianoRollOptions::default())?;
+        if let Some(path) = &files.png {
             println!("{}: piano roll", path.display());
         }
     }
@@ -393,7 +346,7 @@ pub fn render_cmd(a: RenderArgs) -> Result<i32> {
     let sf = render::find_soundfont(a.soundfont.as_deref())?;
     let opts = render::RenderOptions {
         sample_rate: a.sample_rate,
-        ..render_options()
+        ..pieces::render_options()
     };
     let st = render::render_wav(&score, &sf, &opts, &a.output)
         .with_context(|| format!("cannot render {}", a.input.display()))?;
@@ -481,27 +434,4 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
         crate::util::write_atomic(m, table.as_bytes())?;
     }
     Ok(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn programs_flag() {
-        assert_eq!(parse_programs("any", &[0]).unwrap(), None);
-        assert_eq!(
-            parse_programs("prompt", &[0, 40]).unwrap(),
-            Some(vec![0, 40])
-        );
-        assert_eq!(parse_programs("prompt", &[]).unwrap(), None);
-        assert_eq!(
-            parse_programs("33, drums,0,33", &[]).unwrap(),
-            Some(vec![0, 33, tokenizer::DRUMS])
-        );
-        for bad in ["128", "piano", "", "1,,2"] {
-            let e = parse_programs(bad, &[]).unwrap_err().to_string();
-            assert!(e.contains("--programs"), "{e}");
-        }
-    }
 }

@@ -54,6 +54,9 @@ pub enum Command {
     Stats(generate::StatsArgs),
     /// Render a MIDI file to WAV with a General MIDI SoundFont.
     Render(generate::RenderArgs),
+    /// A local web studio: pick or upload a prompt, generate, listen,
+    /// compare and download, in the browser.
+    Serve(crate::serve::ServeArgs),
 }
 
 pub fn run(cli: Cli) -> Result<i32> {
@@ -71,5 +74,6 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Generate(a) => generate::generate(a),
         Command::Stats(a) => generate::stats(a),
         Command::Render(a) => generate::render_cmd(a),
+        Command::Serve(a) => crate::serve::serve(a),
     }
 }

@@ -4,6 +4,7 @@
 //! piece costs per token what a 16-token one does.
 
 pub mod guard;
+pub mod pieces;
 pub mod stats;
 
 use anyhow::{bail, Result};
@@ -80,7 +81,7 @@ impl SampleConfig {
 }
 
 /// Why a sample stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Stop {
     Eos,
     MaxTokens,
@@ -416,6 +417,29 @@ pub fn generate(
     cfg: &SampleConfig,
     on_token: &mut dyn FnMut(usize),
 ) -> Result<Vec<Sample>> {
+    generate_until(model, vocab, prompt, n, cfg, &mut |k| {
+        on_token(k);
+        true
+    })
+}
+
+/// Returned (inside `anyhow::Error`) by [`generate_until`] when its callback
+/// asked it to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("generation cancelled")]
+pub struct Cancelled;
+
+/// [`generate`] that can be stopped: `on_token` is called after every step
+/// with the tokens generated so far and returns whether to go on; when it
+/// returns `false` the result is the error [`Cancelled`].
+pub fn generate_until(
+    model: &Transformer,
+    vocab: &Vocab,
+    prompt: &[u32],
+    n: usize,
+    cfg: &SampleConfig,
+    on_token: &mut dyn FnMut(usize) -> bool,
+) -> Result<Vec<Sample>> {
     cfg.validate()?;
     if n == 0 {
         bail!("--num-samples must be at least 1");
@@ -450,7 +474,10 @@ pub fn generate(
                     .map_or(PAD_ID as i64, |t| t as i64)
             })
             .collect();
-        on_token(generated + 1);
+        if !on_token(generated + 1) {
+            tch::set_num_threads(prefill_threads);
+            return Err(Cancelled.into());
+        }
         if seqs.iter().all(|s| s.done) || generated + 1 == cfg.max_tokens {
             break;
         }

@@ -1,0 +1,229 @@
+//! The one thread that owns the model: it takes jobs from the bounded
+//! channel one at a time, samples with progress and cancellation, and writes
+//! each piece's files with the same code as `cadenza generate`.
+
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::state::{
+    file_url, JobRequest, JobState, PieceFilesView, PieceView, Shared, PIECE_EXTENSIONS,
+};
+use super::ServeOptions;
+use crate::sample::{self, pieces, stats, Cancelled};
+use crate::tokenizer::{self, Vocab};
+use crate::train::checkpoint::{self, LoadedModel};
+
+/// A job sent to the worker.
+pub(crate) struct Work {
+    pub job: u64,
+    /// The prompt's tokens without BOS (empty: start from nothing).
+    pub body: Arc<Vec<u32>>,
+    pub prompt_name: Option<String>,
+    pub req: JobRequest,
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// What the handlers know of the model.
+pub(crate) struct ModelInfo {
+    pub vocab: Vocab,
+    pub name: String,
+    pub preset: String,
+    pub parameters: i64,
+}
+
+/// Starts the worker: it loads the model and, once that worked, waits for
+/// `Shared` (through the returned sender) and then for jobs.
+pub(crate) fn spawn(
+    opts: &ServeOptions,
+    rx: Receiver<Work>,
+) -> Result<(ModelInfo, SyncSender<Weak<Shared>>)> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<ModelInfo>>(1);
+    let (shared_tx, shared_rx) = std::sync::mpsc::sync_channel::<Weak<Shared>>(1);
+    let model_dir = opts.model.clone();
+    let device = opts.device.clone();
+    let threads = opts.threads;
+    std::thread::Builder::new()
+        .name("cadenza-generator".into())
+        .spawn(move || {
+            let loaded = (|| -> Result<LoadedModel> {
+                let device = checkpoint::parse_device(device.as_deref())?;
+                crate::train::set_threads(threads);
+                checkpoint::load_model(&model_dir, device)
+            })();
+            let mut m = match loaded {
+                Ok(m) => m,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let name = model_dir
+                .canonicalize()
+                .unwrap_or(model_dir.clone())
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| model_dir.display().to_string());
+            let info = ModelInfo {
+                vocab: m.vocab.clone(),
+                name,
+                preset: m.config.preset.clone(),
+                parameters: m
+                    .vs
+                    .trainable_variables()
+                    .iter()
+                    .map(|t| t.numel() as i64)
+                    .sum(),
+            };
+            if ready_tx.send(Ok(info)).is_err() {
+                return;
+            }
+            let Ok(shared) = shared_rx.recv() else {
+                return;
+            };
+            // Ends when every sender (the handlers' state) is gone.
+            while let Ok(work) = rx.recv() {
+                let Some(shared) = shared.upgrade() else {
+                    break;
+                };
+                let job = work.job;
+                let out = std::panic::catch_unwind(AssertUnwindSafe(|| run(&mut m, &shared, work)));
+                let (state, error) = match out {
+                    Ok(Ok(())) => (JobState::Done, None),
+                    Ok(Err(e)) if e.downcast_ref::<Cancelled>().is_some() => {
+                        (JobState::Cancelled, None)
+                    }
+                    Ok(Err(e)) => (JobState::Failed, Some(format!("{e:#}"))),
+                    Err(p) => {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "unknown".into());
+                        (
+                            JobState::Failed,
+                            Some(format!("the generator failed: {msg}")),
+                        )
+                    }
+                };
+                shared.finish(job, state, error);
+            }
+        })
+        .context("cannot start the generator thread")?;
+    let info = ready_rx
+        .recv()
+        .context("the generator thread stopped while loading the model")??;
+    Ok((info, shared_tx))
+}
+
+/// Piano rolls sized for the page: a whole piece in at most 1,200 pixels.
+fn studio_roll() -> crate::render::PianoRollOptions {
+    crate::render::PianoRollOptions {
+        pixels_per_second: 40.0,
+        max_width: 1200,
+        row_height: 6,
+        ..Default::default()
+    }
+}
+
+/// One job, start to end; `Err(Cancelled)` when asked to stop.
+fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
+    let Work {
+        job,
+        body,
+        prompt_name,
+        req,
+        cancel,
+    } = work;
+    if cancel.load(Ordering::Relaxed) {
+        return Err(Cancelled.into());
+    }
+    let t0 = Instant::now();
+    shared.update(job, |v| v.state = JobState::Running);
+    m.model.freeze(req.seed);
+    let vocab = &m.vocab;
+    let prompt = sample::prompt_tokens(&body, req.prompt_bars);
+    let programs = pieces::parse_programs(&req.programs, &sample::programs_of(vocab, &prompt))?;
+    let cfg = req.sample_config(programs);
+    let n = req.num_samples;
+    let samples = sample::generate_until(&m.model, vocab, &prompt, n, &cfg, &mut |k| {
+        let secs = t0.elapsed().as_secs_f64();
+        shared.update(job, |v| {
+            v.tokens_done = k;
+            v.elapsed_seconds = secs;
+            v.tokens_per_second = (k * n) as f64 / secs.max(1e-9);
+        });
+        !cancel.load(Ordering::Relaxed)
+    })?;
+    shared.update(job, |v| v.state = JobState::Rendering);
+
+    let prompt_stats = (!body.is_empty()).then(|| {
+        let (score, _) = tokenizer::decode(&prompt, vocab);
+        stats::piece_stats(&tokenizer::to_output_resolution(&score))
+    });
+    for (i, s) in samples.iter().enumerate() {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(Cancelled.into());
+        }
+        let name = shared
+            .reserve_name()
+            .with_context(|| format!("cannot create a file in {}", shared.out.display()))?;
+        let path = |ext: &str| -> PathBuf { shared.out.join(format!("{name}.{ext}")) };
+        let files = pieces::PieceFiles {
+            midi: path("mid"),
+            tokens: Some(path("tokens.txt")),
+            wav: shared.soundfont.as_ref().map(|_| path("wav")),
+            png: Some(path("png")),
+            piano_roll: studio_roll(),
+        };
+        let w = pieces::write_piece(s, vocab, &files, shared.soundfont.as_deref())?;
+        let settings = serde_json::json!({
+            "model": shared.model.name,
+            "prompt": prompt_name,
+            "sample": i + 1,
+            "settings": req,
+            "sample_config": cfg,
+            "prompt_tokens": s.prompt_len,
+            "tokens": s.tokens.len(),
+            "stop": s.stop,
+        });
+        crate::util::write_json(&path("json"), &settings)?;
+        let file = |ext: &str| file_url(&format!("{name}.{ext}"));
+        let view = PieceView {
+            id: 0,
+            job,
+            index: i + 1,
+            name: name.clone(),
+            prompt_name: prompt_name.clone(),
+            files: PieceFilesView {
+                midi: file("mid"),
+                wav: w.audio.map(|_| file("wav")),
+                png: file("png"),
+                tokens: file("tokens.txt"),
+                settings: file("json"),
+            },
+            prompt_tokens: s.prompt_len,
+            tokens: s.tokens.len(),
+            notes: w.score.notes.len(),
+            seconds: w.score.duration_seconds(),
+            audio_seconds: w.audio.map(|a| a.seconds),
+            stop: s.stop,
+            stats: stats::piece_stats(&w.score),
+            prompt_stats: prompt_stats.clone(),
+            settings: req.clone(),
+        };
+        shared.publish(
+            PIECE_EXTENSIONS
+                .iter()
+                .filter(|e| **e != "wav" || w.audio.is_some())
+                .map(|e| format!("{name}.{e}")),
+        );
+        shared.add_piece(job, view);
+    }
+    Ok(())
+}
