@@ -17,8 +17,11 @@ cargo bench -q --bench train_speed -- --len 512 --batch 8 --steps 400 --threads 
 busy=$!
 sleep 5
 shared=$(gen)
-kill $busy 2>/dev/null; wait $busy 2>/dev/null || true
+# `cargo bench` does not pass its signal on to the bench binary: stop both.
 pkill -f "train_speed-.* --steps 400" 2>/dev/null || true
+kill $busy 2>/dev/null; wait $busy 2>/dev/null || true
+while pgrep -f "train_speed-.* --steps 400" >/dev/null; do sleep 0.5; done
+sleep 2
 alone2=$(gen)
 python3 - "$alone1" "$shared" "$alone2" <<'PY'
 import sys

@@ -12,6 +12,7 @@
 //! - [`limits`]: what one input may cost (sizes, lengths, regular files only);
 //! - [`serve`]: the local web studio.
 
+mod alloc;
 pub mod cli;
 pub mod eval;
 pub mod model;
