@@ -12,7 +12,8 @@
 # both models fit in memory at 16,384.
 #
 # Needs scripts/reference/setup.sh (the PyTorch venv at runs/ref-venv).
-# Environment: LENS ["512 2048 4096 8192 16384"], STEPS [2], THREADS [2],
+# Environment: LENS ["512 2048 4096 8192 16384"], STEPS [2: timed steps, at
+#              least 64k tokens' worth], THREADS [2],
 #              OUT [runs/bench-vs-pytorch].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +29,11 @@ res=$out/results.jsonl
 cargo bench -q --bench train_speed --no-run 2>/dev/null
 for L in $lens; do
   B=$(( 32768 / L )); [ $B -gt 8 ] && B=8; [ $B -lt 1 ] && B=1
-  echo "L=$L batch=$B" >&2
-  cargo bench -q --bench train_speed -- --len $L --batch $B --steps $steps --threads $threads >> "$res"
-  $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $steps --threads $threads \
+  # At least 64k timed tokens per row: short steps are noisy.
+  n=$(( 65536 / (B * L) )); [ $n -lt $steps ] && n=$steps
+  echo "L=$L batch=$B steps=$n" >&2
+  cargo bench -q --bench train_speed -- --len $L --batch $B --steps $n --threads $threads >> "$res"
+  $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $n --threads $threads \
     2>/dev/null >> "$res"
 done
 python3 scripts/bench_table.py "$res"
