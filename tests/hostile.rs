@@ -73,6 +73,37 @@ fn run_limited(args: &[&str], deadline_s: f64) -> Run {
     }
 }
 
+/// `cadenza train` of a tiny model for `steps` steps on `data` into `out`.
+fn tiny_train_args(data: &Path, out: &Path, steps: &str) -> Vec<String> {
+    let mut a: Vec<String> = ["train", "--data", s(data), "-o", s(out)]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    for x in [
+        "--preset",
+        "tiny",
+        "--steps",
+        steps,
+        "--seq-len",
+        "16",
+        "--batch",
+        "2",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ] {
+        a.push(x.to_string());
+    }
+    a
+}
+
+/// [`run_limited`] with owned arguments.
+fn run_args(args: &[String], deadline_s: f64) -> Run {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_limited(&a, deadline_s)
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -520,28 +551,7 @@ fn dataset_ids_outside_the_vocabulary_are_refused_naming_tokens_bin() {
     assert_eq!(r.code, 1, "{}", r.all());
     assert!(r.stderr.contains("tokens.bin"), "{}", r.stderr);
     let run = tmp.path().join("run");
-    let r = run_limited(
-        &[
-            "train",
-            "--data",
-            s(&ds),
-            "-o",
-            s(&run),
-            "--preset",
-            "tiny",
-            "--steps",
-            "2",
-            "--seq-len",
-            "16",
-            "--batch",
-            "2",
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-        ],
-        60.0,
-    );
+    let r = run_args(&tiny_train_args(&ds, &run, "2"), 60.0);
     assert_eq!(r.code, 1, "{}", r.all());
     assert!(r.stderr.contains("tokens.bin"), "{}", r.stderr);
 }
@@ -764,28 +774,7 @@ fn a_run_folder_is_locked_while_a_process_trains_in_it() {
     std::fs::create_dir(&fresh).unwrap();
     let mut holder = Command::new("sleep").arg("30").spawn().unwrap();
     std::fs::write(fresh.join("train.lock"), format!("{}\n", holder.id())).unwrap();
-    let r = run_limited(
-        &[
-            "train",
-            "--data",
-            s(&data),
-            "-o",
-            s(&fresh),
-            "--preset",
-            "tiny",
-            "--steps",
-            "2",
-            "--seq-len",
-            "16",
-            "--batch",
-            "2",
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-        ],
-        60.0,
-    );
+    let r = run_args(&tiny_train_args(&data, &fresh, "2"), 60.0);
     holder.kill().ok();
     holder.wait().ok();
     assert_eq!(r.code, 1, "{}", r.all());
@@ -794,30 +783,7 @@ fn a_run_folder_is_locked_while_a_process_trains_in_it() {
 
     // Two real processes: the second is refused with the first one's pid.
     let both = tmp.path().join("both");
-    let args = |dir: &Path| -> Vec<String> {
-        [
-            "train",
-            "--data",
-            s(&data),
-            "-o",
-            s(dir),
-            "--preset",
-            "tiny",
-            "--steps",
-            "100000",
-            "--seq-len",
-            "16",
-            "--batch",
-            "2",
-            "--device",
-            "cpu",
-            "--threads",
-            "1",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect()
-    };
+    let args = |dir: &Path| tiny_train_args(&data, dir, "100000");
     let mut first = Command::new(bin())
         .args(args(&both))
         .stdout(Stdio::null())
