@@ -298,6 +298,9 @@ fn tokenize_with_only_bad_inputs_fails() {
     let r = run_limited(&["tokenize", s(&dir), "-o", s(&out)], 20.0);
     assert_ne!(r.code, 0, "{}", r.all());
     assert!(r.stderr.contains("junk.mid") && r.stderr.contains("empty.mid"));
+    // The path is named once: "skipped PATH: reason", not "PATH: PATH: reason".
+    let junk = dir.join("junk.mid");
+    assert_eq!(r.stderr.matches(s(&junk)).count(), 1, "{}", r.stderr);
     assert!(!out.join(dataset::MANIFEST_FILE).exists());
 }
 

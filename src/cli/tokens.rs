@@ -301,7 +301,11 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     if results.iter().all(|r| !matches!(r, Ok(t) if t.notes > 0)) {
         for ((p, _), r) in files.iter().zip(&results) {
             match r {
-                Err(e) => eprintln!("skipped {}: {e:#}", p.display()),
+                Err(e) => eprintln!(
+                    "skipped {}: {}",
+                    p.display(),
+                    dataset::skip_reason(p, &format!("{e:#}"))
+                ),
                 Ok(_) => eprintln!("skipped {}: no notes", p.display()),
             }
         }

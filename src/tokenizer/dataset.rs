@@ -37,6 +37,13 @@ pub struct Piece {
     pub notes: u64,
 }
 
+/// The reason in an error message about `path`: reader errors start with
+/// the path already, which a "skipped PATH: reason" line would say twice.
+pub fn skip_reason(path: &Path, message: &str) -> String {
+    let prefix = format!("{}: ", path.display());
+    message.strip_prefix(&prefix).unwrap_or(message).to_owned()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skipped {
     pub path: String,
@@ -253,7 +260,7 @@ pub fn write_dataset(
         match r {
             Err(e) => skipped.push(Skipped {
                 path: path.display().to_string(),
-                reason: format!("{e:#}"),
+                reason: skip_reason(path, &format!("{e:#}")),
             }),
             Ok(t) if t.notes == 0 => skipped.push(Skipped {
                 path: path.display().to_string(),

@@ -127,7 +127,11 @@ pub fn eval_pieces(data: &[PathBuf], m: &LoadedModel) -> Result<(String, Vec<dat
                 pieces.push(data::PieceTokens::new(source.clone(), ids));
             }
             Ok(_) => eprintln!("skipped {}: no notes", path.display()),
-            Err(e) => eprintln!("skipped {}: {e:#}", path.display()),
+            Err(e) => eprintln!(
+                "skipped {}: {}",
+                path.display(),
+                crate::tokenizer::dataset::skip_reason(path, &format!("{e:#}"))
+            ),
         }
     }
     Ok((format!("{} MIDI files", files.len()), pieces))
