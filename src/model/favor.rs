@@ -84,7 +84,7 @@ impl FavorFeatures {
     /// `query`: subtract the per-token max over features (exact: cancels in the ratio).
     /// Keys are not stabilized (a max over the sequence would leak the future).
     pub fn features(&self, x: &Tensor, query: bool) -> Tensor {
-        let x = crate::model::transformer::as_kind(x, Kind::Float);
+        let x = crate::model::as_kind(x, Kind::Float);
         let u = x.matmul(&self.proj.tr());
         let sq = x.square().sum_dim_intlist([-1i64].as_slice(), true, None) / 2.0;
         let mut logits = if self.antithetic {

@@ -19,3 +19,15 @@ mod tests;
 
 pub use config::{AttentionKind, FreqInit, ModelConfig, PositionalEncoding};
 pub use transformer::{RecurrentState, Transformer};
+
+use tch::{Kind, Tensor};
+
+/// `t` in `kind`, without a libtorch call when it already is (a generation
+/// step is a few hundred small calls, each costing about its arithmetic).
+pub(crate) fn as_kind(t: &Tensor, kind: Kind) -> Tensor {
+    if t.kind() == kind {
+        t.shallow_clone()
+    } else {
+        t.to_kind(kind)
+    }
+}

@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 
+use crate::model::as_kind;
 use crate::model::config::{AttentionKind, ModelConfig, PositionalEncoding};
 use crate::model::favor::{causal_linear_attention, recurrent_step, FavorFeatures};
 use crate::model::noise;
@@ -791,15 +792,6 @@ fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
         x.dropout(p, true)
     } else {
         x
-    }
-}
-
-/// `t` in `kind`, without a libtorch call when it already is.
-pub(crate) fn as_kind(t: &Tensor, kind: Kind) -> Tensor {
-    if t.kind() == kind {
-        t.shallow_clone()
-    } else {
-        t.to_kind(kind)
     }
 }
 
