@@ -5,13 +5,15 @@
 # per-type metrics on every held-out piece. Runs one at a time: give it the
 # machine alone (about 40 minutes on 2 cores).
 #   bash scripts/learning.sh [VARIANT ...]     (default: all of them)
-# THREADS=1 runs each with one libtorch thread (two lanes side by side).
-# Results: runs/learning/<variant>/eval.json, the table in runs/learning/table.md.
+# THREADS=1 runs each with one libtorch thread (two lanes side by side);
+# STEPS=N another budget (warm-up and schedule as in common.toml), OUT=DIR
+# another results folder (default runs/learning).
+# Results: OUT/<variant>/eval.json, the table in OUT/table.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${CADENZA_CORPUS:-../shared/corpus}
 steps=${STEPS:-200}
-out=runs/learning
+out=${OUT:-runs/learning}
 bin=target/release/cadenza
 bash scripts/setup.sh
 cargo build --release --quiet
@@ -29,17 +31,24 @@ for v in "${variants[@]}"; do
   if [ -f $run/eval.json ]; then echo "== $v: done"; continue; fi
   echo "== $v ($(date +%H:%M:%S))"
   case $v in
-    gpt|performer)
-      probe=$out/probe
-      [ -f $probe/meta.json ] || $bin export-probe --data $data -o $out/probe-run --preset small \
-        --config scripts/learning/common.toml --steps "$steps" --probe $probe
+    gpt|performer|gpt-compact|performer-compact)
+      # the references train on the batches cadenza would draw (`export-probe`)
+      case $v in
+        *-compact) probe=$out/probe-compact; pd=$compact; pv=(--vocab vocab/remi-compact.json) ;;
+        *) probe=$out/probe; pd=$data; pv=() ;;
+      esac
+      [ -f $probe/meta.json ] || $bin export-probe --data $pd -o $probe-run --preset small \
+        "${pv[@]}" --config scripts/learning/common.toml --steps "$steps" --probe $probe
       bash scripts/reference/setup.sh
       mkdir -p $run
-      runs/ref-venv/bin/python scripts/reference/train_ref.py --model $v --probe $probe \
+      runs/ref-venv/bin/python scripts/reference/train_ref.py --model ${v%-compact} --probe $probe \
         --out $run/eval.json --threads "${THREADS:-2}" | tee $run/log.txt
       continue ;;
     compact) cfg=scripts/learning/common.toml; d=$compact; vocab=(--vocab vocab/remi-compact.json) ;;
     all) cfg=scripts/learning/common.toml; d=$data; vocab=() ;;
+    # compact-X: variant X's options on the compact vocabulary (the shipped one)
+    compact-*) cfg=$out/$v.toml; cat scripts/learning/common.toml scripts/learning/${v#compact-}.toml > $cfg
+      d=$compact; vocab=(--vocab vocab/remi-compact.json) ;;
     *) cfg=$out/$v.toml; cat scripts/learning/common.toml scripts/learning/$v.toml > $cfg; d=$data; vocab=() ;;
   esac
   rm -rf $run

@@ -24,6 +24,10 @@ NAMES = {
     "compact": "all fixes, compact vocabulary (program changes, no velocity)",
     "gpt": "reference: PyTorch GPT, SDPA softmax, learned positions",
     "performer": "reference: performer-pytorch 1.1.4 PerformerLM",
+    "compact-spe-r64": "compact vocabulary, SineSPE with R = 64",
+    "compact-shortconv4": "compact vocabulary, short convolution (k = 4) on q, k, v",
+    "gpt-compact": "reference: PyTorch GPT on the compact vocabulary",
+    "performer-compact": "reference: performer-pytorch on the compact vocabulary",
 }
 
 

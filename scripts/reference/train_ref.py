@@ -2,6 +2,7 @@
 """Outside reference models trained on exactly cadenza's token data (a "probe").
 
     train_ref.py --model {gpt,performer} --probe DIR --out FILE.json [--threads 2] [--device cpu]
+                 [--epochs E] [--d-model D --layers N --heads H --d-ff F] [--window W]
 
 Trains one model on the probe's batches (train.bin, step s = rows [s*B, (s+1)*B)),
 then evaluates it on the probe's validation windows and writes a JSON report.
@@ -9,6 +10,7 @@ The probe format and every metric are described in scripts/reference/README.md.
 """
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -32,7 +34,12 @@ def load_probe(d):
     L, B, S = meta["seq_len"], meta["batch"], meta["steps"]
     V = meta["vocab_size"]
     N = meta["val_windows"]
-    train = np.memmap(os.path.join(d, "train.bin"), dtype="<u4", mode="r")
+    path = os.path.join(d, "train.bin")
+    if os.path.exists(path):
+        train = np.memmap(path, dtype="<u4", mode="r")
+    else:  # a probe compressed to travel (gzip of train.bin)
+        with gzip.open(path + ".gz", "rb") as f:
+            train = np.frombuffer(f.read(), dtype="<u4")
     if train.size != S * B * (L + 1):
         sys.exit(f"train.bin has {train.size} ids, meta says {S}*{B}*{L + 1}")
     val = np.fromfile(os.path.join(d, "val.bin"), dtype="<u4")
@@ -56,9 +63,10 @@ def load_probe(d):
 
 
 class Block(nn.Module):
-    def __init__(self, d, h, d_ff):
+    def __init__(self, d, h, d_ff, window=None):
         super().__init__()
         self.h = h
+        self.window = window  # attend to the last `window` tokens only (None: all)
         self.ln1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)  # residual output projection
@@ -70,7 +78,13 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.window is None:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            i = torch.arange(t, device=x.device)
+            lag = i[:, None] - i[None, :]
+            band = (lag >= 0) & (lag < self.window)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=band)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
@@ -78,11 +92,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2 style: pre-LN, GELU MLP, learned absolute positions, tied embeddings."""
 
-    def __init__(self, V, L, d, n_layers, h, d_ff):
+    def __init__(self, V, L, d, n_layers, h, d_ff, window=None):
         super().__init__()
         self.tok = nn.Embedding(V, d)
         self.pos = nn.Embedding(L, d)
-        self.blocks = nn.ModuleList(Block(d, h, d_ff) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d, h, d_ff, window) for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d)
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -108,7 +122,7 @@ def build_model(kind, meta):
     if d % h:
         sys.exit(f"d_model {d} is not a multiple of n_heads {h}")
     if kind == "gpt":
-        return GPT(V, L, d, n_layers, h, d_ff)
+        return GPT(V, L, d, n_layers, h, d_ff, m.get("window"))
     from performer_pytorch import PerformerLM
 
     if d_ff % d:
@@ -272,6 +286,11 @@ def main():
     ap.add_argument("--out", required=True, help="JSON report to write")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     ap.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="passes over the probe's batches, one schedule over all of them (default 1)")
+    for name in ("d-model", "layers", "heads", "d-ff"):
+        ap.add_argument(f"--{name}", type=int, help="another shape than the probe's")
+    ap.add_argument("--window", type=int, help="gpt: softmax over the last W tokens only")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -284,6 +303,14 @@ def main():
     if tc["steps"] != S:
         print(f"note: meta.train.steps {tc['steps']} != meta.steps {S}; "
               f"training {S} steps, schedule over {tc['steps']}", flush=True)
+    batches = S
+    if args.epochs > 1:
+        tc = dict(tc, steps=tc["steps"] * args.epochs)
+        S = S * args.epochs
+    for key, name in (("d_model", "d_model"), ("n_layers", "layers"), ("n_heads", "heads"), ("d_ff", "d_ff"),
+                      ("window", "window")):
+        if getattr(args, name) is not None:
+            meta["model"][key] = getattr(args, name)
 
     model = build_model(args.model, meta).to(device)
     params = sum(p.numel() for p in model.parameters())
@@ -299,7 +326,8 @@ def main():
     train_seconds = 0.0
     loss_v = float("nan")
     for step in range(S):
-        rows = torch.as_tensor(train[step * B:(step + 1) * B].astype(np.int64), device=device)
+        b0 = (step % batches) * B
+        rows = torch.as_tensor(train[b0:b0 + B].astype(np.int64), device=device)
         inp, tgt = rows[:, :-1], rows[:, 1:]
         lr = lr_at(tc, step)
         for g in opt.param_groups:
@@ -330,6 +358,8 @@ def main():
         "model": args.model,
         "params": params,
         "steps": S,
+        "epochs": args.epochs,
+        "shape": meta["model"],
         "batch": B,
         "seq_len": L,
         "threads": args.threads,

@@ -112,6 +112,26 @@ pub struct ModelConfig {
     /// (docs/learning.md). `false`: GPT-2's convention, std 0.02 and no scaling at either end.
     #[serde(default = "legacy_scaled_embeddings")]
     pub scaled_embeddings: bool,
+    /// Kernel length of a causal depthwise convolution over time applied to
+    /// every query, key and value channel right after their projection, before
+    /// SPE and the feature map (0: none, the configs written before it). It lets
+    /// each query and key carry its last few tokens, which linear attention
+    /// cannot single out by itself (docs/learning.md); the recurrent state keeps
+    /// the last `short_conv - 1` projections per layer.
+    #[serde(default)]
+    pub short_conv: i64,
+    /// Heads of every layer that attend with exact softmax over the last
+    /// `local_window` tokens (themselves included) instead of FAVOR+; the other
+    /// heads keep FAVOR+ over the whole past. Both see the SPE-filtered queries
+    /// and keys. 0: none (the configs written before it). Costs O(window) per
+    /// token, and the recurrent state keeps the last `local_window - 1` keys
+    /// and values of these heads: still constant per token (docs/learning.md
+    /// for why: FAVOR+ alone cannot retrieve a recent note exactly).
+    #[serde(default)]
+    pub local_heads: i64,
+    /// Tokens a local head sees (see `local_heads`).
+    #[serde(default)]
+    pub local_window: i64,
 }
 
 fn legacy_scaled_embeddings() -> bool {
@@ -166,6 +186,9 @@ impl ModelConfig {
             chunk_size: chunk,
             tie_embeddings: false,
             scaled_embeddings: false,
+            short_conv: 0,
+            local_heads: 0,
+            local_window: 0,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -290,6 +313,12 @@ impl ModelConfig {
         pos("n_heads", self.n_heads)?;
         pos("d_ff", self.d_ff)?;
         pos("chunk_size", self.chunk_size)?;
+        if !(0..=64).contains(&self.short_conv) {
+            bail!(
+                "model config: short_conv must be a kernel length in 0..=64, 0 for none (got {})",
+                self.short_conv
+            );
+        }
         if self.d_model % self.n_heads != 0 {
             bail!(
                 "model config: d_model ({}) must be divisible by n_heads ({})",
@@ -302,6 +331,24 @@ impl ModelConfig {
                 "model config: dropout must be in [0, 1) (got {})",
                 self.dropout
             );
+        }
+        if self.local_heads != 0 {
+            if !(0..=self.n_heads).contains(&self.local_heads) {
+                bail!(
+                    "model config: local_heads must be in 0..=n_heads ({}) (got {})",
+                    self.n_heads,
+                    self.local_heads
+                );
+            }
+            if self.local_window < 1 {
+                bail!(
+                    "model config: local_heads needs local_window >= 1 (got {})",
+                    self.local_window
+                );
+            }
+            if self.attention == AttentionKind::Softmax {
+                bail!("model config: local_heads mixes local softmax into FAVOR+ attention; with softmax attention every head is exact already");
+            }
         }
         match &self.positional {
             PositionalEncoding::SpeSine {

@@ -53,6 +53,22 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.attention = AttentionKind::Softmax;
     c.tie_embeddings = false;
     out.push(("softmax ape untied", c));
+    let mut c = with("spe-sine");
+    c.short_conv = 4;
+    out.push(("spe-sine short conv 4", c));
+    let mut c = with("ape");
+    c.attention = AttentionKind::Softmax;
+    c.short_conv = 2;
+    out.push(("softmax ape short conv 2", c));
+    let mut c = with("spe-sine");
+    c.local_heads = 2;
+    c.local_window = 5;
+    c.short_conv = 3;
+    out.push(("spe-sine 2 local heads window 5, short conv 3", c));
+    let mut c = with("ape");
+    c.local_heads = 4;
+    c.local_window = 3;
+    out.push(("ape all heads local window 3", c));
     out
 }
 
@@ -60,6 +76,15 @@ fn build(cfg: &ModelConfig, seed: i64) -> (nn::VarStore, Transformer) {
     tch::manual_seed(seed);
     let vs = nn::VarStore::new(Device::Cpu);
     let m = Transformer::new(&vs.root(), cfg).unwrap();
+    // Short convolutions start as the identity, which would hide a wrong tail:
+    // give every tap a weight.
+    tch::no_grad(|| {
+        for (name, mut t) in vs.variables() {
+            if name.contains("qkv_conv") {
+                t.copy_(&(Tensor::randn_like(&t) * 0.5));
+            }
+        }
+    });
     (vs, m)
 }
 
@@ -145,7 +170,15 @@ fn recurrence_matches_parallel_every_variant() {
 
 #[test]
 fn recurrent_state_copy_and_select() {
-    let (_vs, mut m) = build(&variants()[1].1, 3);
+    for (name, cfg) in variants() {
+        if name.contains("conv") && !name.contains("softmax") {
+            state_copy_and_select(&cfg);
+        }
+    }
+}
+
+fn state_copy_and_select(cfg: &ModelConfig) {
+    let (_vs, mut m) = build(cfg, 3);
     m.freeze(4);
     let toks = tokens(3, 20, 3);
     let full = m.forward_t(&toks, 0, false);
@@ -159,6 +192,108 @@ fn recurrent_state_copy_and_select() {
     assert!(rel(&b, &a) < 1e-6);
     let d = m.step(&toks.select(1, 10).index_select(0, &idx), &mut s2);
     assert!(rel(&d, &full.select(1, 10).index_select(0, &idx)) < 1e-4);
+}
+
+#[test]
+fn window_attention_is_banded_softmax_in_any_pieces() {
+    use super::transformer::window_attention;
+    tch::manual_seed(11);
+    let f = (Kind::Float, Device::Cpu);
+    let (l, w) = (23i64, 5i64);
+    let q = Tensor::randn([2, 3, l, 4], f);
+    let k = Tensor::randn([2, 3, l, 4], f);
+    let v = Tensor::randn([2, 3, l, 6], f);
+    // by definition: softmax over keys j with 0 <= i - j < w
+    let i = Tensor::arange(l, (Kind::Int64, Device::Cpu));
+    let lag = i.unsqueeze(1) - i.unsqueeze(0);
+    let outside = lag.lt(0).logical_or(&lag.ge(w));
+    let want = (q.matmul(&k.transpose(-1, -2)) / 2.0)
+        .masked_fill(&outside, f64::NEG_INFINITY)
+        .softmax(-1, None)
+        .matmul(&v);
+    let whole = window_attention(&q, &k, &v, w, None);
+    assert!(rel(&whole, &want) < 1e-5);
+    // the same through a cache, in uneven pieces
+    let mut cache = (
+        Tensor::zeros([2, 3, 0, 4], f),
+        Tensor::zeros([2, 3, 0, 6], f),
+    );
+    let mut pos = 0;
+    for piece in [1, 7, 2, 1, 12] {
+        let out = window_attention(
+            &q.narrow(2, pos, piece),
+            &k.narrow(2, pos, piece),
+            &v.narrow(2, pos, piece),
+            w,
+            Some(&mut cache),
+        );
+        assert!(
+            rel(&out, &want.narrow(2, pos, piece)) < 1e-5,
+            "piece at {pos}"
+        );
+        pos += piece;
+        assert_eq!(
+            cache.0.size()[2],
+            (w - 1).min(pos),
+            "cache keeps w - 1 positions"
+        );
+    }
+}
+
+#[test]
+fn local_heads_see_no_further_than_their_window() {
+    // all heads local, no positions: a token outside every head's reach
+    // (2 layers x (window - 1) back) leaves the logits unchanged
+    let cfg = variants()
+        .into_iter()
+        .find(|(n, _)| *n == "ape all heads local window 3")
+        .unwrap()
+        .1
+        .with_positional("none")
+        .unwrap();
+    let (_vs, m) = build(&cfg, 12);
+    let a = tokens(1, 20, 12);
+    let b = a.copy();
+    let _ = b.narrow(1, 5, 1).fill_(7);
+    assert_ne!(a.int64_value(&[0, 5]), 7, "the token changes");
+    let (la, lb) = (m.forward_t(&a, 0, false), m.forward_t(&b, 0, false));
+    // reach: 2 layers x 2 positions back
+    assert!(rel(&la.select(1, 10), &lb.select(1, 10)) < 1e-7);
+    assert!(rel(&la.select(1, 9), &lb.select(1, 9)) > 1e-4);
+}
+
+#[test]
+fn short_conv_starts_as_identity_and_reaches_back_k_minus_1_tokens() {
+    let cfg = variants()
+        .into_iter()
+        .find(|(n, _)| *n == "spe-sine short conv 4")
+        .unwrap()
+        .1;
+    let mut plain = cfg.clone();
+    plain.short_conv = 0;
+    // identity at initialization: the same logits as the model without it
+    tch::manual_seed(9);
+    let vs_a = nn::VarStore::new(Device::Cpu);
+    let a = Transformer::new(&vs_a.root(), &plain).unwrap();
+    tch::manual_seed(9);
+    let vs_b = nn::VarStore::new(Device::Cpu);
+    let b = Transformer::new(&vs_b.root(), &cfg).unwrap();
+    let toks = tokens(1, 30, 9);
+    let e = rel(&b.forward_t(&toks, 0, false), &a.forward_t(&toks, 0, false));
+    assert!(e < 1e-6, "identity conv changes logits by {e}");
+    // the convolution itself, by hand
+    let x = Tensor::randn([2, 9, 6], (Kind::Float, Device::Cpu));
+    let w = Tensor::randn([6, 4], (Kind::Float, Device::Cpu));
+    let y = super::transformer::short_conv(&x, &w, None);
+    // by hand at t = 5: taps 0..3 weigh x[2], x[3], x[4], x[5]
+    let mut want = Tensor::zeros([2, 6], (Kind::Float, Device::Cpu));
+    for j in 0..4 {
+        want += x.select(1, 2 + j) * w.select(1, j);
+    }
+    assert!(rel(&y.select(1, 5), &want) < 1e-6);
+    // at t = 1 only x[0] and x[1] exist (zeros before the start)
+    let want1 = x.select(1, 0) * w.select(1, 2) + x.select(1, 1) * w.select(1, 3);
+    assert!(rel(&y.select(1, 1), &want1) < 1e-6);
 }
 
 #[test]

@@ -1,9 +1,14 @@
 //! Pre-LayerNorm decoder-only Transformer with FAVOR+ (or softmax) attention and SPE / APE.
 //!
 //! Variable paths (for weight-decay filters): `tok_embed.weight`, `layers.{i}.norm1.{weight,bias}`,
-//! `layers.{i}.attn_qkv.{weight,bias}`, `layers.{i}.attn_out.*`, `layers.{i}.norm2.*`,
+//! `layers.{i}.attn_qkv.{weight,bias}`, `layers.{i}.qkv_conv` (short convolution, (3d, k)),
+//! `layers.{i}.attn_out.*`, `layers.{i}.norm2.*`,
 //! `layers.{i}.ff1.*`, `layers.{i}.ff2.*`, `layers.{i}.spe_gate` (gated SPE), `final_norm.*`,
 //! `head.*` (untied only), SPE code parameters under `spe.*` (shared) or `layers.{i}.spe.*`.
+//!
+//! Attention: FAVOR+ (or exact softmax) in every head; with `local_heads` > 0 the first
+//! `local_heads` heads of every layer use exact softmax over the last `local_window` tokens
+//! instead, on the same SPE-filtered queries and keys ([`window_attention`]).
 //!
 //! Noise policy:
 //! * `forward_t(train = true)`: fresh SPE noise (Z or conv noise, and every layer's gate xi)
@@ -45,6 +50,9 @@ struct Block {
     ff2: nn::Linear,
     /// (H, D) gate logits of the gated SPE filter.
     gate: Option<Tensor>,
+    /// (3d, k) taps of the short causal convolution over the projected q, k, v
+    /// (`ModelConfig::short_conv`); tap k-1 weighs the current token.
+    conv: Option<Tensor>,
 }
 
 #[derive(Debug)]
@@ -91,6 +99,12 @@ pub struct RecurrentState {
     /// Absolute position of the next token.
     pub position: i64,
     pub layers: Vec<LayerState>,
+    /// Per layer with a short convolution: the last k-1 projected q, k, v rows
+    /// (B, k-1, 3d), zeros before the first token.
+    pub conv_tails: Vec<Option<Tensor>>,
+    /// Per layer with local heads: their keys (B, h_local, c, dk) and values
+    /// (B, h_local, c, Dv), f32, of the last c <= local_window - 1 positions.
+    pub windows: Vec<Option<(Tensor, Tensor)>>,
     /// Per ConvSPE code: (k, H, D, R); slot p mod k holds the noise column of position p.
     pub rings: Vec<Tensor>,
     /// The frozen seed the state was built with (rings depend on it).
@@ -134,6 +148,16 @@ impl RecurrentState {
         RecurrentState {
             position: self.position,
             layers: self.layers.iter().map(|l| l.map(|t| t.copy())).collect(),
+            conv_tails: self
+                .conv_tails
+                .iter()
+                .map(|t| t.as_ref().map(Tensor::copy))
+                .collect(),
+            windows: self
+                .windows
+                .iter()
+                .map(|w| w.as_ref().map(|(k, v)| (k.copy(), v.copy())))
+                .collect(),
             rings: self.rings.iter().map(|t| t.copy()).collect(),
             seed: self.seed,
             batch: self.batch,
@@ -148,9 +172,25 @@ impl RecurrentState {
             .iter()
             .map(|l| l.map(|t| t.index_select(0, &indices.to_device(t.device()))))
             .collect();
+        let conv_tails = self
+            .conv_tails
+            .iter()
+            .map(|t| {
+                t.as_ref()
+                    .map(|t| t.index_select(0, &indices.to_device(t.device())))
+            })
+            .collect();
+        let rows = |t: &Tensor| t.index_select(0, &indices.to_device(t.device()));
+        let windows = self
+            .windows
+            .iter()
+            .map(|w| w.as_ref().map(|(k, v)| (rows(k), rows(v))))
+            .collect();
         RecurrentState {
             position: self.position,
             layers,
+            conv_tails,
+            windows,
             rings: self.rings.iter().map(|t| t.copy()).collect(),
             seed: self.seed,
             batch: indices.size()[0],
@@ -261,6 +301,14 @@ impl Transformer {
             if cfg.positional.is_spe() && !shared {
                 codes.push(make_code(p.sub("spe")));
             }
+            let conv = (cfg.short_conv > 0).then(|| {
+                // identity at initialization: the current token's tap is 1, the others 0
+                let w = p.var("qkv_conv", &[3 * d, cfg.short_conv], nn::Init::Const(0.0));
+                tch::no_grad(|| {
+                    let _ = w.narrow(1, cfg.short_conv - 1, 1).fill_(1.0);
+                });
+                w
+            });
             blocks.push(Block {
                 norm1: nn::layer_norm(p.sub("norm1"), vec![d], ln()),
                 qkv: lin(p.sub("attn_qkv"), d, 3 * d, 0.02),
@@ -269,6 +317,7 @@ impl Transformer {
                 ff1: lin(p.sub("ff1"), d, cfg.d_ff, 0.02),
                 ff2: lin(p.sub("ff2"), cfg.d_ff, d, out_std),
                 gate,
+                conv,
             });
         }
         let final_norm = nn::layer_norm(vs.sub("final_norm"), vec![d], Default::default());
@@ -425,16 +474,38 @@ impl Transformer {
         let (h, hd) = (self.cfg.n_heads, self.cfg.head_dim());
         let dk = self.cfg.qk_dim();
         let f = (Kind::Float, self.device);
+        let hf = h - self.cfg.local_heads;
         let layers = (0..self.cfg.n_layers)
             .map(|_| match &self.cfg.attention {
                 AttentionKind::Favor { features, .. } => LayerState::Favor {
-                    s: Tensor::zeros([batch, h, *features, hd], f),
-                    z: Tensor::zeros([batch, h, *features], f),
+                    s: Tensor::zeros([batch, hf, *features, hd], f),
+                    z: Tensor::zeros([batch, hf, *features], f),
                 },
                 AttentionKind::Softmax => LayerState::Softmax {
                     k: Tensor::zeros([batch, h, 0, dk], f),
                     v: Tensor::zeros([batch, h, 0, hd], f),
                 },
+            })
+            .collect();
+        let conv_tails = self
+            .blocks
+            .iter()
+            .map(|b| {
+                b.conv.as_ref().map(|w| {
+                    let (c, k) = w.size2().expect("(3d, k) taps");
+                    Tensor::zeros([batch, k - 1, c], (self.param_kind(), self.device))
+                })
+            })
+            .collect();
+        let hl = self.cfg.local_heads;
+        let windows = (0..self.cfg.n_layers)
+            .map(|_| {
+                (hl > 0).then(|| {
+                    (
+                        Tensor::zeros([batch, hl, 0, dk], f),
+                        Tensor::zeros([batch, hl, 0, hd], f),
+                    )
+                })
             })
             .collect();
         let seed = self.frozen.seed;
@@ -468,6 +539,8 @@ impl Transformer {
         RecurrentState {
             position,
             layers,
+            conv_tails,
+            windows,
             rings,
             seed,
             batch,
@@ -666,7 +739,15 @@ impl Transformer {
 
         for (i, blk) in self.blocks.iter().enumerate() {
             let hn = x.apply(&blk.norm1);
-            let qkv = hn.apply(&blk.qkv);
+            let mut qkv = hn.apply(&blk.qkv);
+            if let Some(w) = &blk.conv {
+                let tail = state.as_deref_mut().map(|s| {
+                    s.conv_tails[i]
+                        .as_mut()
+                        .expect("a state begun by this model has a tail per conv layer")
+                });
+                qkv = short_conv(&qkv, w, tail);
+            }
             let q = qkv.narrow(-1, 0, d).view([b, l, h, hd]);
             let k = qkv.narrow(-1, d, d).view([b, l, h, hd]);
             let v = qkv
@@ -692,8 +773,35 @@ impl Transformer {
                 (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
             };
             let dk = qa.size()[3];
+            let hl = cfg.local_heads;
+            // the local heads first, over their window; FAVOR+ for the rest
+            let local = (hl > 0).then(|| {
+                let cache = state.as_deref_mut().map(|s| {
+                    s.windows[i]
+                        .as_mut()
+                        .expect("a state begun by this model has a window per layer")
+                });
+                let out = window_attention(
+                    &as_kind(&qa.narrow(1, 0, hl), Kind::Float),
+                    &as_kind(&ka.narrow(1, 0, hl), Kind::Float),
+                    &as_kind(&v.narrow(1, 0, hl), Kind::Float),
+                    cfg.local_window,
+                    cache,
+                );
+                as_kind(&out, kind)
+            });
+            let (qa, ka, v) = if hl > 0 {
+                (
+                    qa.narrow(1, hl, h - hl),
+                    ka.narrow(1, hl, h - hl),
+                    v.narrow(1, hl, h - hl),
+                )
+            } else {
+                (qa, ka, v)
+            };
             let lstate = state.as_deref_mut().map(|s| &mut s.layers[i]);
             let att = match &cfg.attention {
+                AttentionKind::Favor { .. } if hl == h => local.expect("local heads"),
                 AttentionKind::Favor { .. } => {
                     let feats = match &train_guard {
                         Some(g) => &g[i],
@@ -732,7 +840,11 @@ impl Transformer {
                         Some(_) => unreachable!("state/attention mismatch"),
                         None => causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, None).0,
                     };
-                    as_kind(&out, kind)
+                    let out = as_kind(&out, kind);
+                    match local {
+                        Some(l) => Tensor::cat(&[&l, &out], 1),
+                        None => out,
+                    }
                 }
                 AttentionKind::Softmax => {
                     let qf = qa.to_kind(Kind::Float);
@@ -793,6 +905,89 @@ fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
     } else {
         x
     }
+}
+
+/// Causal softmax attention of every query over the `window` most recent
+/// positions, itself included: q (B, h, L, dk), k (B, h, L, dk), v (B, h, L, Dv)
+/// -> (B, h, L, Dv). `cache` holds the keys and values of the (at most
+/// window - 1) positions just before the first query, and is replaced by
+/// those before the next call. Queries go in blocks of `window`, each against
+/// at most 2 window - 1 keys: O(L window) time and memory at any length.
+pub(crate) fn window_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: i64,
+    cache: Option<&mut (Tensor, Tensor)>,
+) -> Tensor {
+    let l = q.size()[2];
+    let dk = q.size()[3];
+    let (kp, vp) = match &cache {
+        Some((ck, cv)) => (Tensor::cat(&[ck, k], 2), Tensor::cat(&[cv, v], 2)),
+        None => (k.shallow_clone(), v.shallow_clone()),
+    };
+    let c = kp.size()[2] - l; // cached positions before the first query
+    let dev = q.device();
+    let mut outs = Vec::new();
+    let mut s = 0;
+    while s < l {
+        let n = window.min(l - s);
+        let k0 = (c + s - (window - 1)).max(0);
+        let kn = c + s + n - k0;
+        let scores = q
+            .narrow(2, s, n)
+            .matmul(&kp.narrow(2, k0, kn).transpose(-1, -2))
+            / (dk as f64).sqrt();
+        // lag of key j behind query i, in positions; allowed: 0 <= lag < window
+        let qi = Tensor::arange_start(c + s, c + s + n, (Kind::Int64, dev)).unsqueeze(1);
+        let kj = Tensor::arange_start(k0, k0 + kn, (Kind::Int64, dev)).unsqueeze(0);
+        let lag = qi - kj;
+        let outside = lag.lt(0).logical_or(&lag.ge(window));
+        outs.push(
+            scores
+                .masked_fill(&outside, f64::NEG_INFINITY)
+                .softmax(-1, None)
+                .matmul(&vp.narrow(2, k0, kn)),
+        );
+        s += n;
+    }
+    if let Some(cache) = cache {
+        let total = kp.size()[2];
+        let keep = (window - 1).min(total);
+        *cache = (
+            kp.narrow(2, total - keep, keep).copy(),
+            vp.narrow(2, total - keep, keep).copy(),
+        );
+    }
+    if outs.len() == 1 {
+        outs.pop().expect("one block")
+    } else {
+        Tensor::cat(&outs, 2)
+    }
+}
+
+/// Causal depthwise convolution over time: (B, L, C) rows and (C, k) taps ->
+/// (B, L, C), y[t] = sum_j w[:, j] x[t - (k-1) + j], with the k-1 rows before
+/// the window taken from `tail` (B, k-1, C), or zeros without one; `tail` is
+/// then replaced by the window's last k-1 rows (earlier ones when L < k-1).
+/// k shifted multiply-adds rather than a grouped conv1d: no transposes, and
+/// the same code runs a whole window and a one-token step.
+pub(crate) fn short_conv(x: &Tensor, w: &Tensor, tail: Option<&mut Tensor>) -> Tensor {
+    let (b, l, c) = x.size3().expect("(B, L, C)");
+    let k = w.size()[1];
+    let prev = match &tail {
+        Some(t) => t.shallow_clone(),
+        None => Tensor::zeros([b, k - 1, c], (x.kind(), x.device())),
+    };
+    let padded = Tensor::cat(&[&prev, x], 1);
+    let mut y = padded.narrow(1, k - 1, l) * w.select(1, k - 1);
+    for j in 0..k - 1 {
+        y = y + padded.narrow(1, j, l) * w.select(1, j);
+    }
+    if let Some(t) = tail {
+        *t = padded.narrow(1, l, k - 1).copy();
+    }
+    y
 }
 
 /// Writes `cols` (n, ...) = noise columns of positions first..first+n into their ring slots.

@@ -106,6 +106,24 @@ pub fn check_output_dir(dir: &Path, force: bool) -> Result<()> {
     )
 }
 
+/// Sorts paths in `Path`'s order (component by component). `Path`'s own
+/// comparison parses both paths into components at every comparison, which
+/// was a thirtieth of tokenizing a corpus: parse each path once.
+fn sort_paths(paths: &mut Vec<PathBuf>) {
+    let order: Vec<usize> = {
+        let keys: Vec<Vec<std::path::Component<'_>>> =
+            paths.iter().map(|p| p.components().collect()).collect();
+        let mut idx: Vec<usize> = (0..paths.len()).collect();
+        idx.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+        idx
+    };
+    let mut taken: Vec<Option<PathBuf>> = std::mem::take(paths).into_iter().map(Some).collect();
+    *paths = order
+        .into_iter()
+        .map(|i| taken[i].take().expect("a permutation"))
+        .collect();
+}
+
 /// Every `.mid`/`.midi` file (any case) under the inputs, recursively, sorted.
 /// A missing input is an error that names it.
 pub fn collect_midi_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> {
@@ -124,7 +142,7 @@ pub fn collect_midi_files(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, String)>> 
         } else {
             let mut found = Vec::new();
             walk(input, &mut found)?;
-            found.sort();
+            sort_paths(&mut found);
             // Sources are named from the folder given, including its own name
             // ("folk/essen/x.mid" for the input "corpus/folk"), so that reports
             // can group pieces by collection.
@@ -412,5 +430,37 @@ impl Dataset {
         (p.offset..p.offset + p.len)
             .map(|j| self.token(j))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_paths_is_path_order() {
+        let mut v: Vec<PathBuf> = [
+            "a/b-c.mid",
+            "a-b/c.mid",
+            "a/b/c.mid",
+            "A/z.mid",
+            "a/b.mid",
+            "./x.mid",
+            "/r/s.mid",
+            "a/b/c.mid",
+            "a/./b/d.mid",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let mut want = v.clone();
+        want.sort();
+        sort_paths(&mut v);
+        assert_eq!(v, want);
+        assert_ne!(
+            want[0],
+            PathBuf::from("a/b-c.mid"),
+            "the case is not trivial"
+        );
     }
 }

@@ -120,9 +120,14 @@ fn set_signature(sigs: &mut Vec<TimeSignature>, tick: u64, sig: (u8, u8)) {
 /// Quantizes `score` to grid steps: the returned score has
 /// `ticks_per_quarter == positions_per_quarter`, so ticks are steps.
 pub fn quantize(score: &Score, cfg: &RemiConfig) -> (Score, QuantizeReport) {
-    let ppq = cfg.positions_per_quarter as u128;
-    let tpq = score.ticks_per_quarter.max(1) as u128;
-    let step = |t: u64| ((t as u128 * ppq * 2 + tpq) / (tpq * 2)) as u64;
+    let ppq = cfg.positions_per_quarter as u64;
+    let tpq = score.ticks_per_quarter.max(1) as u64;
+    // round(t * ppq / tpq), in u64 when it cannot overflow (every real file),
+    // else in u128
+    let step = |t: u64| match t.checked_mul(ppq * 2) {
+        Some(x) if x <= u64::MAX - tpq => (x + tpq) / (tpq * 2),
+        _ => ((t as u128 * ppq as u128 * 2 + tpq as u128) / (tpq as u128 * 2)) as u64,
+    };
     let mut report = QuantizeReport {
         notes_in: score.notes.len(),
         ..Default::default()
