@@ -26,6 +26,8 @@ NAMES = {
     "performer": "reference: performer-pytorch 1.1.4 PerformerLM",
     "compact-spe-r64": "compact vocabulary, SineSPE with R = 64",
     "compact-shortconv4": "compact vocabulary, short convolution (k = 4) on q, k, v",
+    "compact-local2": "compact vocabulary, 2 of 4 heads local softmax over 128 tokens",
+    "compact-local2-sc4": "compact vocabulary, 2 local heads and a short convolution (k = 4)",
     "gpt-compact": "reference: PyTorch GPT on the compact vocabulary",
     "performer-compact": "reference: performer-pytorch on the compact vocabulary",
 }

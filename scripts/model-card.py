@@ -50,6 +50,26 @@ def type_rows(block):
     return "\n".join(rows)
 
 
+def reference_block():
+    """The PyTorch GPT trained on exactly this model's batches (docs/full-budget/)."""
+    rows = []
+    for name, what in (("gpt-1x", "PyTorch GPT, full softmax (same shape)"),
+                       ("gpt-window128", "PyTorch GPT, softmax over the last 128 tokens")):
+        r = load(os.path.join("docs", "full-budget", name + ".json"))
+        if not r:
+            continue
+        p = r["by_type"]["Pitch"]
+        folk = r.get("by_source", {}).get("folk", {}).get("by_type", {}).get("Pitch", {})
+        rows.append(f"| {what} | {num(r['loss'])} | {num(p['nll'])} | {pct(p['top1'])} | {pct(folk.get('top1'))} |")
+    if not rows:
+        return ""
+    return ("Against references trained on exactly this model's 8,200 batches and schedule, "
+            "scored on the same windows (`scripts/reference/full-budget.sh`, docs/learning.md):\n\n"
+            "| model | loss | pitch NLL | pitch top-1 | folk pitch top-1 |\n| --- | ---: | ---: | ---: | ---: |\n"
+            + "\n".join(rows) + "\n\nThe gap is the attention: FAVOR+ cannot find a recent note exactly, "
+            "which a softmax head does (local heads, `[model] local_heads`, are the fix being measured).\n")
+
+
 def main():
     cfg = load(os.path.join(MODEL, "config.json"))
     state = load(os.path.join(MODEL, "state.json"), {})
@@ -123,6 +143,7 @@ the share of real pitches that are in them (`cadenza eval`, definitions in
 `src/eval/mod.rs`). Targets of issue 9: folk pitch top-1 >= 40%, mass >= 0.9 x
 the true share.
 
+{reference_block()}
 Per token type, all held-out pieces:
 
 | type | NLL | top-1 | count |

@@ -4,7 +4,9 @@
 #   bash scripts/train-shipped.sh [CORPUS] [RUN_DIR]
 # STEPS (default 5200, about 95 minutes on 2 cores), VOCAB (default the compact
 # vocabulary), STOP_AFTER (stop early; `cadenza train -o RUN_DIR --resume`
-# continues the same schedule exactly). Give it the machine alone.
+# continues the same schedule exactly), CONFIG (default scripts/shipped.toml;
+# scripts/shipped-local.toml adds local softmax heads).
+# Give it the machine alone.
 # Then: bash scripts/ship-model.sh RUN_DIR models/cadenza-small
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +22,5 @@ if [ ! -f "$data/manifest.json" ]; then
   $bin tokenize "$corpus/classical" "$corpus/folk" --vocab "$vocab" -o "$data"
 fi
 $bin train --data "$data" -o "$run" --preset small --vocab "$vocab" \
-  --config scripts/shipped.toml --steps "$steps" --seed 0 --threads 2 \
+  --config "${CONFIG:-scripts/shipped.toml}" --steps "$steps" --seed 0 --threads 2 \
   ${STOP_AFTER:+--stop-after "$STOP_AFTER"}

@@ -938,17 +938,18 @@ pub(crate) fn window_attention(
             .narrow(2, s, n)
             .matmul(&kp.narrow(2, k0, kn).transpose(-1, -2))
             / (dk as f64).sqrt();
-        // lag of key j behind query i, in positions; allowed: 0 <= lag < window
-        let qi = Tensor::arange_start(c + s, c + s + n, (Kind::Int64, dev)).unsqueeze(1);
-        let kj = Tensor::arange_start(k0, k0 + kn, (Kind::Int64, dev)).unsqueeze(0);
-        let lag = qi - kj;
-        let outside = lag.lt(0).logical_or(&lag.ge(window));
-        outs.push(
+        // One query (a generation step) sees every key of its slice: no mask.
+        let scores = if n == 1 {
             scores
-                .masked_fill(&outside, f64::NEG_INFINITY)
-                .softmax(-1, None)
-                .matmul(&vp.narrow(2, k0, kn)),
-        );
+        } else {
+            // lag of key j behind query i, in positions; allowed: 0 <= lag < window
+            let qi = Tensor::arange_start(c + s, c + s + n, (Kind::Int64, dev)).unsqueeze(1);
+            let kj = Tensor::arange_start(k0, k0 + kn, (Kind::Int64, dev)).unsqueeze(0);
+            let lag = qi - kj;
+            let outside = lag.lt(0).logical_or(&lag.ge(window));
+            scores.masked_fill(&outside, f64::NEG_INFINITY)
+        };
+        outs.push(scores.softmax(-1, None).matmul(&vp.narrow(2, k0, kn)));
         s += n;
     }
     if let Some(cache) = cache {
