@@ -72,6 +72,15 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     out
 }
 
+/// The variant of that name.
+fn variant(name: &str) -> ModelConfig {
+    variants()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no variant {name:?}"))
+        .1
+}
+
 fn build(cfg: &ModelConfig, seed: i64) -> (nn::VarStore, Transformer) {
     tch::manual_seed(seed);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -244,11 +253,7 @@ fn window_attention_is_banded_softmax_in_any_pieces() {
 fn local_heads_see_no_further_than_their_window() {
     // all heads local, no positions: a token outside every head's reach
     // (2 layers x (window - 1) back) leaves the logits unchanged
-    let cfg = variants()
-        .into_iter()
-        .find(|(n, _)| *n == "ape all heads local window 3")
-        .unwrap()
-        .1
+    let cfg = variant("ape all heads local window 3")
         .with_positional("none")
         .unwrap();
     let (_vs, m) = build(&cfg, 12);
@@ -264,11 +269,7 @@ fn local_heads_see_no_further_than_their_window() {
 
 #[test]
 fn short_conv_starts_as_identity_and_reaches_back_k_minus_1_tokens() {
-    let cfg = variants()
-        .into_iter()
-        .find(|(n, _)| *n == "spe-sine short conv 4")
-        .unwrap()
-        .1;
+    let cfg = variant("spe-sine short conv 4");
     let mut plain = cfg.clone();
     plain.short_conv = 0;
     // identity at initialization: the same logits as the model without it
