@@ -555,7 +555,8 @@ pub fn generate_by_recompute(
 /// A rough upper estimate of the memory, in bytes, that [`generate`] needs for
 /// `n` pieces of a `prompt_len`-token prompt and `tokens` new tokens each:
 /// the prefill's activations and logits over the prompt, the recurrent state
-/// (FAVOR+ sums, or the softmax reference's cache) and the per-piece
+/// (FAVOR+ sums, local heads' windows and short-convolution tails, or the
+/// softmax reference's cache) and the per-piece
 /// bookkeeping (tokens, grammar and guard state, a row of probabilities).
 pub fn estimate_bytes(
     cfg: &crate::model::ModelConfig,
@@ -577,6 +578,13 @@ pub fn estimate_bytes(
         }
         crate::model::AttentionKind::Softmax => layers * (p + t) * 2 * d * 4,
     };
+    let windows = layers
+        * cfg.local_heads.max(0) as u128
+        * (cfg.local_window.max(1) as u128 - 1)
+        * (cfg.qk_dim().max(1) as u128 + hd)
+        * 4;
+    let tails = layers * (cfg.short_conv.max(1) as u128 - 1) * 3 * d * 4;
+    let state = state + windows + tails;
     let bookkeeping = (p + t) * 16 + v * 16;
     n * (prefill + state + bookkeeping)
 }
@@ -609,6 +617,21 @@ pub fn count_type(tokens: &[u32], vocab: &Vocab, kind: TokenType) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_estimate_counts_local_windows_and_conv_tails() {
+        let base = crate::model::ModelConfig::preset("small", 845).unwrap();
+        let mut local = base.clone();
+        local.local_heads = 2;
+        local.local_window = 128;
+        // per piece: 4 layers x 2 heads x 127 positions x (32 + 64) floats
+        let extra = estimate_bytes(&local, 3, 10, 100) - estimate_bytes(&base, 3, 10, 100);
+        assert_eq!(extra, 3 * 4 * 2 * 127 * (32 + 64) * 4);
+        let mut conv = base.clone();
+        conv.short_conv = 4;
+        let extra = estimate_bytes(&conv, 1, 10, 100) - estimate_bytes(&base, 1, 10, 100);
+        assert_eq!(extra, 4 * 3 * 3 * 256 * 4);
+    }
 
     #[test]
     fn filters_in_order_and_renormalize() {
