@@ -50,6 +50,29 @@ def type_rows(block):
     return "\n".join(rows)
 
 
+def training_story(last):
+    """How the shipped run went (docs/shipped/training.md, written by whoever
+    ran it: interruptions, resumes, anything that ran beside it)."""
+    path = os.path.join(OUT, "training.md")
+    if not os.path.exists(path):
+        return f"Trained to step {last:,}; no account of the run was written (docs/shipped/training.md)."
+    return open(path).read().strip().replace("{last}", f"{last:,}")
+
+
+def attention_row(m):
+    """The attention line of the card: FAVOR+, and the local heads when there are any."""
+    a = m["attention"]
+    favor = (f"FAVOR+, {a.get('features')} positive orthogonal random features, "
+             f"redraw probability {a.get('redraw_prob')} in training")
+    hl, w = m.get("local_heads", 0), m.get("local_window", 0)
+    if hl:
+        favor = (f"{hl} of {m['n_heads']} heads per layer exact softmax over the last {w} tokens "
+                 f"(local heads), the others {favor}")
+    if m.get("short_conv", 0):
+        favor += f"; short causal convolution of {m['short_conv']} taps over q, k, v"
+    return favor
+
+
 def reference_block():
     """The PyTorch GPT trained on exactly this model's batches (docs/full-budget/)."""
     rows = []
@@ -112,7 +135,7 @@ plays. Every figure below comes from `scripts/after-shipped.sh` (files under
 | | |
 | --- | --- |
 | architecture | `small` preset: d_model {m['d_model']}, {m['n_layers']} layers, {m['n_heads']} heads, d_ff {m['d_ff']}, untied head with bias, unscaled embeddings (std 0.02), dropout {m['dropout']} |
-| attention | FAVOR+, {m['attention'].get('features')} positive orthogonal random features, redraw probability {m['attention'].get('redraw_prob')} in training |
+| attention | {attention_row(m)} |
 | positions | SineSPE, K={m['positional'].get('sines')} sines, R={m['positional'].get('realizations')} realizations, periods spread 2.2-2,048 tokens at init, gated, one code shared by all layers |
 | parameters | {n / 1e6:.2f} M ({size:.1f} MB of f32 safetensors) |
 | vocabulary | {vname}: {vocab.get('size')} tokens, hash `{cfg['vocab_hash']}` |
@@ -122,12 +145,7 @@ plays. Every figure below comes from `scripts/after-shipped.sh` (files under
 
 The loss curve is `loss.png`; the per-step log `metrics.jsonl`.
 
-How this one was trained: `STEPS=8200 bash scripts/train-shipped.sh`, one
-cosine schedule over 8,200 steps: stopped by SIGTERM after 90 minutes at step
-7,607, then `--resume` finished the same schedule exactly (to step {last:,},
-6 more minutes). Between steps 300 and 700 a compile and the test suite
-ran beside it for about five minutes (one core), slowing those steps; nothing
-else ran.
+{training_story(last)}
 
 ## What it learned (teacher forcing, {ev.get('pieces', '-')} held-out pieces, first 513 tokens each)
 
