@@ -190,13 +190,13 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
 
     // Absolute-time events of every track, merged in time order. Format 2 tracks
     // are independent songs: play them one after another.
-    let mut events: Vec<(u64, usize, usize, TrackEventKind)> = Vec::new();
+    let mut events: Vec<(u64, usize, TrackEventKind)> = Vec::new();
     let mut track_ends = Vec::new();
     let mut offset = 0u64;
     for (ti, track) in tracks.flatten().enumerate() {
         let mut tick = offset;
         let mut ended = false;
-        for (ei, ev) in track.map_while(|e| e.ok()).enumerate() {
+        for ev in track.map_while(|e| e.ok()) {
             tick += ev.delta.as_int() as u64;
             if let TrackEventKind::Meta(MetaMessage::EndOfTrack) = ev.kind {
                 ended = true;
@@ -207,7 +207,7 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
                     limits.max_events
                 )));
             }
-            events.push((tick, ti, ei, ev.kind));
+            events.push((tick, ti, ev.kind));
         }
         if !ended {
             report.truncated_tracks += 1;
@@ -242,7 +242,7 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
     // keys are small integers from the file, and the default SipHash was a
     // tenth of tokenizing a corpus; leftovers are sorted, so no order leaks.
     let mut open: FxHashMap<NoteKey, VecDeque<OpenNote>> = FxHashMap::default();
-    for &(tick, ti, _, kind) in order.iter().map(|&(_, i)| &events[i as usize]) {
+    for &(tick, ti, kind) in order.iter().map(|&(_, i)| &events[i as usize]) {
         match kind {
             TrackEventKind::Midi { channel, message } => {
                 let ch = channel.as_int();
