@@ -9,7 +9,9 @@
 //! (timing all 3,072 full forwards would take a long time on 2 cores).
 //!
 //! Knobs: CADENZA_BENCH_PRESET [small], CADENZA_BENCH_LENGTHS [1024,3072,16384],
-//! CADENZA_BENCH_BATCHES [1,8], CADENZA_BENCH_RECOMPUTE_POINTS [8].
+//! CADENZA_BENCH_BATCHES [1,8], CADENZA_BENCH_RECOMPUTE_POINTS [8],
+//! CADENZA_BENCH_LOCAL_HEADS [0; the shipped model has 2 local softmax heads
+//! over 128 tokens], CADENZA_BENCH_LOCAL_WINDOW [128].
 
 use std::time::Instant;
 
@@ -42,7 +44,16 @@ fn peak_kb() -> u64 {
 fn model(preset: &str, vocab: &Vocab) -> (nn::VarStore, Transformer) {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
-    let cfg = ModelConfig::preset(preset, vocab.len() as i64).expect("preset");
+    let mut cfg = ModelConfig::preset(preset, vocab.len() as i64).expect("preset");
+    let knob = |name: &str, default: i64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    };
+    cfg.local_heads = knob("CADENZA_BENCH_LOCAL_HEADS", 0);
+    cfg.local_window = knob("CADENZA_BENCH_LOCAL_WINDOW", 128);
+    cfg.validate().expect("local heads");
     let mut m = Transformer::new(&vs.root(), &cfg).expect("model");
     m.freeze(1);
     (vs, m)
@@ -99,8 +110,9 @@ fn main() {
     let lengths = env_list("CADENZA_BENCH_LENGTHS", "1024,3072,16384");
     let batches = env_list("CADENZA_BENCH_BATCHES", "1,8");
     let exe = std::env::current_exe().expect("exe");
+    let local = std::env::var("CADENZA_BENCH_LOCAL_HEADS").unwrap_or_else(|_| "0".into());
     println!(
-        "## Recurrent generation, preset `{preset}`, CPU ({} threads)\n",
+        "## Recurrent generation, preset `{preset}`, {local} local heads, CPU ({} threads)\n",
         tch::get_num_threads()
     );
     println!("| tokens | batch | tokens/s (all sequences) | us/token first 512 | us/token last 512 | last/first | peak RSS |");

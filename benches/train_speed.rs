@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench train_speed -- --len 512 --batch 8 [--steps 3] [--threads 2]
 //!     [--preset small] [--vocab 845] [--attention favor|softmax] [--positional spe-sine]
-//!     [--chunk C]
+//!     [--chunk C] [--local-heads N] [--local-window W]
 //! ```
 //!
 //! One step is what `cadenza train` does per batch: forward, mean
@@ -31,6 +31,10 @@ struct Opts {
     positional: String,
     /// FAVOR+ chunk size (0 = the preset's).
     chunk: i64,
+    /// Heads of exact softmax over the last `local_window` tokens (the
+    /// shipped model: 2 of 4, window 128).
+    local_heads: i64,
+    local_window: i64,
 }
 
 fn parse() -> Opts {
@@ -44,6 +48,8 @@ fn parse() -> Opts {
         attention: "favor".into(),
         positional: "spe-sine".into(),
         chunk: 0,
+        local_heads: 0,
+        local_window: 128,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -68,6 +74,8 @@ fn parse() -> Opts {
             "--attention" => o.attention = val.clone(),
             "--positional" => o.positional = val.clone(),
             "--chunk" => o.chunk = num(val),
+            "--local-heads" => o.local_heads = num(val),
+            "--local-window" => o.local_window = num(val),
             _ => panic!("unknown option {key}"),
         }
         i += 2;
@@ -98,6 +106,9 @@ fn main() {
     if o.chunk > 0 {
         cfg.chunk_size = o.chunk;
     }
+    cfg.local_heads = o.local_heads;
+    cfg.local_window = o.local_window;
+    cfg.validate().unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Transformer::new(&vs.root(), &cfg).unwrap();
     let mut opt = AdamW::new(vs.variables(), 0.9, 0.98, 1e-8, 0.01);
@@ -116,9 +127,11 @@ fn main() {
     step();
     let secs: f64 = (0..o.steps).map(|_| step()).sum::<f64>() / o.steps.max(1) as f64;
     println!(
-        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1}}}",
+        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"local_heads\":{},\"local_window\":{},\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1}}}",
         o.attention,
         o.positional,
+        o.local_heads,
+        o.local_window,
         o.len,
         o.batch,
         o.steps,

@@ -25,8 +25,13 @@ def main(path):
         print(f"| {L:,} | {B} | {c['tokens_per_s']:,.0f} | {p['tokens_per_s']:,.0f} "
               f"| {c['tokens_per_s'] / p['tokens_per_s']:.2f}x | {c['peak_rss_mb']:,.0f} "
               f"| {p['peak_rss_mb']:,.0f} | {per_tok(c):.0f} | {per_tok(p):.0f} |")
-    t = next(iter(next(iter(rows.values())).values()))["threads"]
-    print(f"\n{t} threads; tokens/s = batch x L / mean seconds per step; "
+    first = next(iter(rows.values()))
+    t = next(iter(first.values()))["threads"]
+    c = first.get("cadenza", {})
+    heads = c.get("local_heads", 0)
+    local = (f"{heads} local softmax heads over {c.get('local_window')} tokens, the others FAVOR+"
+             if heads else "every head FAVOR+")
+    print(f"\n{t} threads; cadenza: {local}; tokens/s = batch x L / mean seconds per step; "
           "KB/token = (peak - resident before the first step) / (batch x L).")
 
 

@@ -2,17 +2,18 @@
 # Reproduces the shipped model under models/cadenza-small from the shared
 # corpus (classical and folk), on the CPU, in one cosine schedule. Usage:
 #   bash scripts/train-shipped.sh [CORPUS] [RUN_DIR]
-# STEPS (default 5200, about 95 minutes on 2 cores), VOCAB (default the compact
+# STEPS (default 8200, about 95 minutes on 2 cores), VOCAB (default the compact
 # vocabulary), STOP_AFTER (stop early; `cadenza train -o RUN_DIR --resume`
-# continues the same schedule exactly), CONFIG (default scripts/shipped.toml;
-# scripts/shipped-local.toml adds local softmax heads).
+# continues the same schedule exactly), CONFIG (default
+# scripts/shipped-local.toml, the shipped model: 2 local softmax heads;
+# scripts/shipped.toml is the previous one, FAVOR+ in every head).
 # Give it the machine alone.
 # Then: bash scripts/ship-model.sh RUN_DIR models/cadenza-small
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=${1:-${CADENZA_CORPUS:-../shared/corpus}}
 run=${2:-runs/shipped}
-steps=${STEPS:-5200}
+steps=${STEPS:-8200}
 vocab=${VOCAB:-vocab/remi-compact.json}
 bash scripts/setup.sh
 cargo build --release --quiet
@@ -22,5 +23,5 @@ if [ ! -f "$data/manifest.json" ]; then
   $bin tokenize "$corpus/classical" "$corpus/folk" --vocab "$vocab" -o "$data"
 fi
 $bin train --data "$data" -o "$run" --preset small --vocab "$vocab" \
-  --config "${CONFIG:-scripts/shipped.toml}" --steps "$steps" --seed 0 --threads 2 \
+  --config "${CONFIG:-scripts/shipped-local.toml}" --steps "$steps" --seed 0 --threads 2 \
   ${STOP_AFTER:+--stop-after "$STOP_AFTER"}

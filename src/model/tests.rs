@@ -205,47 +205,51 @@ fn state_copy_and_select(cfg: &ModelConfig) {
 
 #[test]
 fn window_attention_is_banded_softmax_in_any_pieces() {
-    use super::transformer::window_attention;
+    use super::transformer::{window_attention, UNBOUNDED};
     tch::manual_seed(11);
     let f = (Kind::Float, Device::Cpu);
-    let (l, w) = (23i64, 5i64);
+    let l = 23i64;
     let q = Tensor::randn([2, 3, l, 4], f);
     let k = Tensor::randn([2, 3, l, 4], f);
     let v = Tensor::randn([2, 3, l, 6], f);
-    // by definition: softmax over keys j with 0 <= i - j < w
-    let i = Tensor::arange(l, (Kind::Int64, Device::Cpu));
-    let lag = i.unsqueeze(1) - i.unsqueeze(0);
-    let outside = lag.lt(0).logical_or(&lag.ge(w));
-    let want = (q.matmul(&k.transpose(-1, -2)) / 2.0)
-        .masked_fill(&outside, f64::NEG_INFINITY)
-        .softmax(-1, None)
-        .matmul(&v);
-    let whole = window_attention(&q, &k, &v, w, None);
-    assert!(rel(&whole, &want) < 1e-5);
-    // the same through a cache, in uneven pieces
-    let mut cache = (
-        Tensor::zeros([2, 3, 0, 4], f),
-        Tensor::zeros([2, 3, 0, 6], f),
-    );
-    let mut pos = 0;
-    for piece in [1, 7, 2, 1, 12] {
-        let out = window_attention(
-            &q.narrow(2, pos, piece),
-            &k.narrow(2, pos, piece),
-            &v.narrow(2, pos, piece),
-            w,
-            Some(&mut cache),
+    // a window of 5, and the unbounded one (plain causal softmax)
+    for w in [5, UNBOUNDED] {
+        // by definition: softmax over keys j with 0 <= i - j < w
+        let i = Tensor::arange(l, (Kind::Int64, Device::Cpu));
+        let lag = i.unsqueeze(1) - i.unsqueeze(0);
+        let outside = lag.lt(0).logical_or(&lag.ge(w));
+        let want = (q.matmul(&k.transpose(-1, -2)) / 2.0)
+            .masked_fill(&outside, f64::NEG_INFINITY)
+            .softmax(-1, None)
+            .matmul(&v);
+        let whole = window_attention(&q, &k, &v, w, None);
+        assert!(rel(&whole, &want) < 1e-5, "window {w}");
+        // the same through a cache, in uneven pieces
+        let (mut ck, mut cv) = (
+            Tensor::zeros([2, 3, 0, 4], f),
+            Tensor::zeros([2, 3, 0, 6], f),
         );
-        assert!(
-            rel(&out, &want.narrow(2, pos, piece)) < 1e-5,
-            "piece at {pos}"
-        );
-        pos += piece;
-        assert_eq!(
-            cache.0.size()[2],
-            (w - 1).min(pos),
-            "cache keeps w - 1 positions"
-        );
+        let mut pos = 0;
+        for piece in [1, 7, 2, 1, 12] {
+            let out = window_attention(
+                &q.narrow(2, pos, piece),
+                &k.narrow(2, pos, piece),
+                &v.narrow(2, pos, piece),
+                w,
+                Some((&mut ck, &mut cv)),
+            );
+            assert!(
+                rel(&out, &want.narrow(2, pos, piece)) < 1e-5,
+                "window {w}, piece at {pos}"
+            );
+            pos += piece;
+            assert_eq!(
+                ck.size()[2],
+                (w - 1).min(pos),
+                "cache keeps w - 1 positions"
+            );
+            assert_eq!(cv.size()[2], ck.size()[2]);
+        }
     }
 }
 

@@ -777,9 +777,10 @@ impl Transformer {
             // the local heads first, over their window; FAVOR+ for the rest
             let local = (hl > 0).then(|| {
                 let cache = state.as_deref_mut().map(|s| {
-                    s.windows[i]
+                    let (k, v) = s.windows[i]
                         .as_mut()
-                        .expect("a state begun by this model has a window per layer")
+                        .expect("a state begun by this model has a window per layer");
+                    (k, v)
                 });
                 let out = window_attention(
                     &as_kind(&qa.narrow(1, 0, hl), Kind::Float),
@@ -846,25 +847,21 @@ impl Transformer {
                         None => out,
                     }
                 }
+                // exact softmax over every earlier position: a window without bound
                 AttentionKind::Softmax => {
-                    let qf = qa.to_kind(Kind::Float);
-                    let (kall, vall) = match lstate {
-                        Some(LayerState::Softmax { k: kc, v: vc }) => {
-                            *kc = Tensor::cat(&[&*kc, &ka.to_kind(Kind::Float)], 2);
-                            *vc = Tensor::cat(&[&*vc, &v.to_kind(Kind::Float)], 2);
-                            (kc.shallow_clone(), vc.shallow_clone())
-                        }
+                    let cache = match lstate {
+                        Some(LayerState::Softmax { k, v }) => Some((k, v)),
                         Some(_) => unreachable!("state/attention mismatch"),
-                        None => (ka.to_kind(Kind::Float), v.to_kind(Kind::Float)),
+                        None => None,
                     };
-                    let t = kall.size()[2] - l; // cached positions before this chunk
-                    let scores = qf.matmul(&kall.transpose(-1, -2)) / (dk as f64).sqrt();
-                    let mask = Tensor::ones([l, t + l], (Kind::Bool, self.device)).triu(t + 1);
-                    scores
-                        .masked_fill(&mask, f64::NEG_INFINITY)
-                        .softmax(-1, None)
-                        .matmul(&vall)
-                        .to_kind(kind)
+                    let out = window_attention(
+                        &as_kind(&qa, Kind::Float),
+                        &as_kind(&ka, Kind::Float),
+                        &as_kind(&v, Kind::Float),
+                        UNBOUNDED,
+                        cache,
+                    );
+                    as_kind(&out, kind)
                 }
             };
             let att = att.permute([0, 2, 1, 3]).reshape([b, l, d]).apply(&blk.out);
@@ -907,23 +904,28 @@ fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
     }
 }
 
+/// The window of full causal softmax attention: every earlier position.
+pub(crate) const UNBOUNDED: i64 = i64::MAX;
+
 /// Causal softmax attention of every query over the `window` most recent
 /// positions, itself included: q (B, h, L, dk), k (B, h, L, dk), v (B, h, L, Dv)
 /// -> (B, h, L, Dv). `cache` holds the keys and values of the (at most
 /// window - 1) positions just before the first query, and is replaced by
 /// those before the next call. Queries go in blocks of `window`, each against
 /// at most 2 window - 1 keys: O(L window) time and memory at any length.
+/// With `window` = [`UNBOUNDED`] it is plain causal softmax attention, and the
+/// cache keeps every position.
 pub(crate) fn window_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     window: i64,
-    cache: Option<&mut (Tensor, Tensor)>,
+    cache: Option<(&mut Tensor, &mut Tensor)>,
 ) -> Tensor {
     let l = q.size()[2];
     let dk = q.size()[3];
     let (kp, vp) = match &cache {
-        Some((ck, cv)) => (Tensor::cat(&[ck, k], 2), Tensor::cat(&[cv, v], 2)),
+        Some((ck, cv)) => (Tensor::cat(&[&**ck, k], 2), Tensor::cat(&[&**cv, v], 2)),
         None => (k.shallow_clone(), v.shallow_clone()),
     };
     let c = kp.size()[2] - l; // cached positions before the first query
@@ -952,13 +954,17 @@ pub(crate) fn window_attention(
         outs.push(scores.softmax(-1, None).matmul(&vp.narrow(2, k0, kn)));
         s += n;
     }
-    if let Some(cache) = cache {
+    if let Some((ck, cv)) = cache {
         let total = kp.size()[2];
-        let keep = (window - 1).min(total);
-        *cache = (
-            kp.narrow(2, total - keep, keep).copy(),
-            vp.narrow(2, total - keep, keep).copy(),
-        );
+        if window > total {
+            // everything stays: the concatenation is already a fresh tensor
+            *ck = kp;
+            *cv = vp;
+        } else {
+            let keep = window - 1;
+            *ck = kp.narrow(2, total - keep, keep).copy();
+            *cv = vp.narrow(2, total - keep, keep).copy();
+        }
     }
     if outs.len() == 1 {
         outs.pop().expect("one block")
