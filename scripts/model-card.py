@@ -199,7 +199,10 @@ repetition guard on) and by the piece itself.
 against held-out real pieces spread over the split (`cadenza stats`);
 distances in standard deviations of the real pieces. Targets: scale
 consistency >= 0.95, pitch range within one standard deviation, note density
-within half.
+within half. The real pieces are mostly short folk tunes, several times
+shorter than the generated ones (sizes above the table), and a whole piece's
+pitch range grows with its length; `pitch_range_8bar`, the range within
+8-bar windows, compares like with like.
 """)
         print(open(stats).read())
     print(f"""## Reproduce or continue

@@ -427,11 +427,23 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     }
     let g: Vec<_> = generated.iter().map(stats::piece_stats).collect();
     let r: Vec<_> = real.iter().map(stats::piece_stats).collect();
+    // Sizes first: whole-piece statistics such as the pitch range grow with
+    // the length of a piece, so a reader must see whether the sets compare.
+    let sizes = |v: &[stats::PieceStats]| {
+        let n = v.len().max(1) as f64;
+        let notes = v.iter().map(|s| s.notes as f64).sum::<f64>() / n;
+        let bars = v.iter().map(|s| s.bars as f64).sum::<f64>() / n;
+        format!(
+            "{} pieces of {notes:.0} notes in {bars:.0} bars on average",
+            v.len()
+        )
+    };
+    let heading = format!("generated: {}; real: {}", sizes(&g), sizes(&r));
     let table = stats::markdown(&stats::compare(&g, &r));
-    println!("{} generated pieces vs {} real pieces\n", g.len(), r.len());
+    println!("{heading}\n");
     print!("{table}");
     if let Some(m) = &a.markdown {
-        crate::util::write_atomic(m, table.as_bytes())?;
+        crate::util::write_atomic(m, format!("{heading}\n\n{table}").as_bytes())?;
     }
     Ok(0)
 }

@@ -66,8 +66,15 @@ pub struct PieceStats {
     /// at or before it and not yet ended; a zero-length note sounds for one
     /// tick). All notes, drums included.
     pub polyphony: f64,
-    /// Highest minus lowest non-drum pitch (0 without non-drum notes).
+    /// Highest minus lowest non-drum pitch (0 without non-drum notes). It
+    /// grows with the length of a piece: compare pieces of like length, or
+    /// use `pitch_range_8bar`.
     pub pitch_range: f64,
+    /// The same within non-overlapping 8-bar windows (bars 0-7, 8-15, ...)
+    /// by onset, averaged over windows with a non-drum note: how widely a
+    /// piece moves at one time, whatever its length.
+    #[serde(default)]
+    pub pitch_range_8bar: f64,
     /// Share of bars without any onset.
     pub empty_bar_share: f64,
     /// Highest share of non-drum notes whose pitch class lies in one scale,
@@ -78,7 +85,7 @@ pub struct PieceStats {
 impl PieceStats {
     /// The statistics [`compare`] reports, by name, in a fixed order (the
     /// raw counts `notes` and `bars` are sizes, not style, and are left out).
-    pub fn named_values(&self) -> [(&'static str, f64); 8] {
+    pub fn named_values(&self) -> [(&'static str, f64); 9] {
         [
             ("pitch_class_entropy", self.pitch_class_entropy),
             ("pitch_class_entropy_4bar", self.pitch_class_entropy_4bar),
@@ -86,6 +93,7 @@ impl PieceStats {
             ("notes_per_bar", self.notes_per_bar),
             ("polyphony", self.polyphony),
             ("pitch_range", self.pitch_range),
+            ("pitch_range_8bar", self.pitch_range_8bar),
             ("empty_bar_share", self.empty_bar_share),
             ("scale_consistency", self.scale_consistency),
         ]
@@ -316,6 +324,8 @@ pub fn piece_stats(score: &Score) -> PieceStats {
     let n_bars = bars.count();
 
     let mut bar_pc = vec![[0u32; 12]; n_bars];
+    // per bar: (lowest, highest) non-drum pitch; (u8::MAX, 0) when none
+    let mut bar_lo_hi = vec![(u8::MAX, 0u8); n_bars];
     let mut onsets: Vec<(usize, u64)> = Vec::with_capacity(notes.len());
     let mut in_bars = 0usize;
     let mut pc_all = [0u64; 12];
@@ -332,6 +342,9 @@ pub fn piece_stats(score: &Score) -> PieceStats {
         in_bars += 1;
         if !n.is_drum {
             bar_pc[i][(n.pitch % 12) as usize] += 1;
+            let (l, h) = &mut bar_lo_hi[i];
+            *l = (*l).min(n.pitch);
+            *h = (*h).max(n.pitch);
         }
         let positions = bars.positions(i, tpq);
         onsets.push((i, bars.position(i, n.start, tpq, positions)));
@@ -366,6 +379,15 @@ pub fn piece_stats(score: &Score) -> PieceStats {
         })
         .collect();
 
+    let ranges8: Vec<f64> = bar_lo_hi
+        .chunks(8)
+        .filter_map(|w| {
+            let l = w.iter().map(|b| b.0).min()?;
+            let h = w.iter().map(|b| b.1).max()?;
+            (l <= h).then(|| (h - l) as f64)
+        })
+        .collect();
+
     PieceStats {
         notes: notes.len(),
         bars: n_bars,
@@ -375,6 +397,11 @@ pub fn piece_stats(score: &Score) -> PieceStats {
         notes_per_bar: in_bars as f64 / n_bars as f64,
         polyphony: polyphony(score),
         pitch_range: if lo <= hi { (hi - lo) as f64 } else { 0.0 },
+        pitch_range_8bar: if ranges8.is_empty() {
+            0.0
+        } else {
+            ranges8.iter().sum::<f64>() / ranges8.len() as f64
+        },
         empty_bar_share: (n_bars - non_empty) as f64 / n_bars as f64,
         scale_consistency: scale_consistency(&pc_all),
     }
@@ -493,6 +520,7 @@ mod tests {
         assert_eq!((st.notes, st.bars), (8, 1));
         assert!(close(st.scale_consistency, 1.0));
         assert!(close(st.pitch_range, 12.0));
+        assert!(close(st.pitch_range_8bar, 12.0));
         // C twice, six others once: -(2/8 log2 2/8) - 6 (1/8 log2 1/8) = 0.5 + 2.25.
         assert!(close(st.pitch_class_entropy, 2.75), "{st:?}");
         assert!(close(st.pitch_class_entropy_4bar, 2.75));
@@ -537,6 +565,34 @@ mod tests {
         assert!(close(st.pitch_class_entropy_4bar, h4));
         assert!(close(st.empty_bar_share, 1.0 / 3.0));
         assert!(close(st.notes_per_bar, 1.0));
+    }
+
+    #[test]
+    fn windowed_range_does_not_grow_with_length() {
+        // 16 bars of 4/4 at 12 ticks/quarter: bars 0-7 move between C4 and
+        // G4, bars 8-15 between C5 and G5. The whole piece spans 19
+        // semitones; each 8-bar window 7.
+        let mut notes = Vec::new();
+        for bar in 0..16u64 {
+            let base = if bar < 8 { 60 } else { 72 };
+            notes.push(note(bar * 48, 12, base));
+            notes.push(note(bar * 48 + 24, 12, base + 7));
+        }
+        // a drum far outside is not a pitch
+        let mut drum = note(0, 12, 20);
+        drum.is_drum = true;
+        notes.push(drum);
+        let st = piece_stats(&score(12, notes));
+        assert!(close(st.pitch_range, 19.0));
+        assert!(close(st.pitch_range_8bar, 7.0), "{st:?}");
+        // a window with only empty bars is not averaged in
+        let sparse = score(
+            12,
+            vec![note(0, 12, 60), note(0, 12, 64), note(48 * 16, 12, 70)],
+        );
+        let st = piece_stats(&sparse);
+        assert_eq!(st.bars, 17);
+        assert!(close(st.pitch_range_8bar, 2.0), "{st:?}"); // (4 + 0) / 2
     }
 
     /// Bars of 4/4 with onsets at the given quarter-note offsets.

@@ -14,6 +14,7 @@ const STATS = [
   ["grooving_similarity", "grooving similarity", 3],
   ["polyphony", "polyphony", 2],
   ["pitch_range", "pitch range", 0],
+  ["pitch_range_8bar", "pitch range (8 bars)", 1],
   ["empty_bar_share", "empty bars", 3],
   ["scale_consistency", "scale consistency", 3],
 ];
