@@ -345,7 +345,7 @@ fn studio_in_headless_chromium() {
         "return [...document.querySelectorAll('#results table.stats tbody tr')]\
          .map((r) => r.children.length)",
     );
-    assert_eq!(stats.as_array().unwrap().len(), 10, "{stats}");
+    assert_eq!(stats.as_array().unwrap().len(), 11, "{stats}");
     assert!(stats.as_array().unwrap().iter().all(|c| c == 3));
     let links = b.js(
         "return [...document.querySelectorAll('#results .downloads a')].map((a) => a.textContent)",
