@@ -41,16 +41,18 @@ fn peak_kb() -> u64 {
         .unwrap_or(0)
 }
 
+/// An integer knob from the environment, `default` when unset or not a number.
+fn knob(name: &str, default: i64) -> i64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
 fn model(preset: &str, vocab: &Vocab) -> (nn::VarStore, Transformer) {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let mut cfg = ModelConfig::preset(preset, vocab.len() as i64).expect("preset");
-    let knob = |name: &str, default: i64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(default)
-    };
     cfg.local_heads = knob("CADENZA_BENCH_LOCAL_HEADS", 0);
     cfg.local_window = knob("CADENZA_BENCH_LOCAL_WINDOW", 128);
     cfg.validate().expect("local heads");
@@ -110,7 +112,8 @@ fn main() {
     let lengths = env_list("CADENZA_BENCH_LENGTHS", "1024,3072,16384");
     let batches = env_list("CADENZA_BENCH_BATCHES", "1,8");
     let exe = std::env::current_exe().expect("exe");
-    let local = std::env::var("CADENZA_BENCH_LOCAL_HEADS").unwrap_or_else(|_| "0".into());
+    // the value the model is built with, not the raw variable
+    let local = knob("CADENZA_BENCH_LOCAL_HEADS", 0);
     println!(
         "## Recurrent generation, preset `{preset}`, {local} local heads, CPU ({} threads)\n",
         tch::get_num_threads()

@@ -96,7 +96,7 @@ def reference_block():
             "scored on the same windows (`scripts/reference/full-budget.sh`, docs/learning.md):\n\n"
             "| model | loss | pitch NLL | pitch top-1 | folk pitch top-1 |\n| --- | ---: | ---: | ---: | ---: |\n"
             + "\n".join(rows + refs) + "\n\nFAVOR+ alone cannot find a recent note exactly, which a "
-            "softmax head does: the previous model, FAVOR+ in every head, reached 23.5% pitch top-1 "
+            "softmax head does: the model shipped before local heads, FAVOR+ in every head, reached 23.5% pitch top-1 "
             "(folk 25.1%) on these windows; local heads (`[model] local_heads`) are how this one "
             "narrows the gap.\n")
 
