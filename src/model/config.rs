@@ -77,6 +77,24 @@ pub const SPREAD_MIN_PERIOD: f64 = 2.2;
 /// Longest SineSPE period (tokens) of [`FreqInit::Spread`].
 pub const SPREAD_MAX_PERIOD: f64 = 2048.0;
 
+/// What positions the local softmax heads see (see [`ModelConfig::local_position`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalPosition {
+    /// The same queries and keys as the FAVOR+ heads: SPE-filtered when SPE is on
+    /// (configs written before the field). Their logits then carry the SPE estimate of the
+    /// relative-position kernel, with its Monte Carlo noise.
+    #[default]
+    Shared,
+    /// Rotary position embedding on the local heads' own queries and keys, which skip SPE:
+    /// the logit of a query at p and a key at p' depends on p - p' exactly, with no noise
+    /// (RoPE, Su et al. 2021; [`crate::model::transformer::rope`]).
+    Rope,
+}
+
+/// Base of the RoPE angles: pair j of a D-dimensional head turns by p * base^(-2j/D).
+pub const ROPE_BASE: f64 = 10000.0;
+
 /// Attention mechanism.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -132,6 +150,10 @@ pub struct ModelConfig {
     /// Tokens a local head sees (see `local_heads`).
     #[serde(default)]
     pub local_window: i64,
+    /// Positions in the local heads: the FAVOR+ heads' SPE-filtered queries and keys
+    /// (`shared`, configs written before the field) or RoPE on their own (`rope`).
+    #[serde(default)]
+    pub local_position: LocalPosition,
 }
 
 fn legacy_scaled_embeddings() -> bool {
@@ -189,6 +211,7 @@ impl ModelConfig {
             short_conv: 0,
             local_heads: 0,
             local_window: 0,
+            local_position: LocalPosition::Shared,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -300,6 +323,15 @@ impl ModelConfig {
             .unwrap_or_else(|| self.head_dim())
     }
 
+    /// Dimension of the local heads' queries and keys: the head dimension under RoPE, the
+    /// FAVOR+ heads' [`Self::qk_dim`] otherwise.
+    pub fn local_qk_dim(&self) -> i64 {
+        match self.local_position {
+            LocalPosition::Rope => self.head_dim(),
+            LocalPosition::Shared => self.qk_dim(),
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         let pos = |name: &str, v: i64| -> Result<()> {
             if v <= 0 {
@@ -346,9 +378,18 @@ impl ModelConfig {
                     self.local_window
                 );
             }
+            if self.local_position == LocalPosition::Rope && self.head_dim() % 2 != 0 {
+                bail!(
+                    "model config: local_position = \"rope\" turns pairs of dimensions, so the head dimension must be even (got {})",
+                    self.head_dim()
+                );
+            }
             if self.attention == AttentionKind::Softmax {
                 bail!("model config: local_heads mixes local softmax into FAVOR+ attention; with softmax attention every head is exact already");
             }
+        }
+        if self.local_heads == 0 && self.local_position != LocalPosition::Shared {
+            bail!("model config: local_position applies to local heads, and local_heads is 0");
         }
         match &self.positional {
             PositionalEncoding::SpeSine {

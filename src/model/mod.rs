@@ -17,7 +17,7 @@ pub mod transformer;
 #[cfg(test)]
 mod tests;
 
-pub use config::{AttentionKind, FreqInit, ModelConfig, PositionalEncoding};
+pub use config::{AttentionKind, FreqInit, LocalPosition, ModelConfig, PositionalEncoding};
 pub use transformer::{RecurrentState, Transformer};
 
 use tch::{Kind, Tensor};

@@ -403,6 +403,14 @@ impl GateFactors {
         }
     }
 
+    /// The factors of heads start..start+n only.
+    pub fn heads(&self, start: i64, n: i64) -> GateFactors {
+        GateFactors {
+            a: self.a.narrow(0, start, n),
+            xi_b: self.xi_b.narrow(0, start, n),
+        }
+    }
+
     /// Another handle on the same tensors.
     pub fn share(&self) -> GateFactors {
         GateFactors {

@@ -3,7 +3,8 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use crate::model::{AttentionKind, ModelConfig, PositionalEncoding, Transformer};
+use crate::model::transformer::rope;
+use crate::model::{AttentionKind, LocalPosition, ModelConfig, PositionalEncoding, Transformer};
 
 const V: i64 = 50;
 
@@ -69,6 +70,16 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_heads = 4;
     c.local_window = 3;
     out.push(("ape all heads local window 3", c));
+    let mut c = with("spe-sine");
+    c.local_heads = 2;
+    c.local_window = 6;
+    c.local_position = LocalPosition::Rope;
+    out.push(("spe-sine 2 rope local heads window 6", c));
+    let mut c = with("spe-conv");
+    c.local_heads = 1;
+    c.local_window = 4;
+    c.local_position = LocalPosition::Rope;
+    out.push(("spe-conv 1 rope local head window 4", c));
     out
 }
 
@@ -269,6 +280,61 @@ fn local_heads_see_no_further_than_their_window() {
     // reach: 2 layers x 2 positions back
     assert!(rel(&la.select(1, 10), &lb.select(1, 10)) < 1e-7);
     assert!(rel(&la.select(1, 9), &lb.select(1, 9)) > 1e-4);
+}
+
+#[test]
+fn rope_dot_products_depend_on_the_lag_only() {
+    tch::manual_seed(21);
+    let (q, k) = (
+        Tensor::randn([1, 1, 1, 8], (Kind::Double, Device::Cpu)),
+        Tensor::randn([1, 1, 1, 8], (Kind::Double, Device::Cpu)),
+    );
+    let dot = |pq: i64, pk: i64| {
+        (rope(&q, pq) * rope(&k, pk))
+            .sum(Kind::Double)
+            .double_value(&[])
+    };
+    // the same lag anywhere, also far past the training lengths
+    for (a, b) in [(0, 5), (100, 105), (70_000, 70_005)] {
+        assert!((dot(b, a) - dot(5, 0)).abs() < 1e-9, "lag 5 at {a}");
+    }
+    assert!(
+        (dot(5, 0) - dot(6, 0)).abs() > 1e-6,
+        "another lag, another logit"
+    );
+    // a rotation: norms kept, and position 0 is the identity
+    let n = |x: &Tensor| x.norm().double_value(&[]);
+    assert!((n(&rope(&q, 12_345)) - n(&q)).abs() < 1e-12);
+    assert!(rel(&rope(&q, 0), &q) < 1e-15);
+    // a window turned from its offset equals the same rows of a longer window
+    let x = Tensor::randn([2, 3, 10, 8], (Kind::Double, Device::Cpu));
+    let whole = rope(&x, 0);
+    assert!(rel(&rope(&x.narrow(2, 4, 6), 4), &whole.narrow(2, 4, 6)) < 1e-12);
+}
+
+#[test]
+fn rope_local_heads_skip_spe_and_keep_the_window() {
+    // every head local with RoPE: SPE is off in all of them, and the reach is the
+    // windows' (2 layers x (window - 1) back), as without positions
+    let mut cfg = variant("spe-sine 2 rope local heads window 6");
+    cfg.local_heads = cfg.n_heads;
+    cfg.local_window = 3;
+    let (_vs, m) = build(&cfg, 13);
+    let a = tokens(1, 20, 13);
+    let b = a.copy();
+    let _ = b.narrow(1, 5, 1).fill_(7);
+    assert_ne!(a.int64_value(&[0, 5]), 7, "the token changes");
+    let (la, lb) = (m.forward_t(&a, 0, false), m.forward_t(&b, 0, false));
+    assert!(rel(&la.select(1, 10), &lb.select(1, 10)) < 1e-7);
+    assert!(rel(&la.select(1, 9), &lb.select(1, 9)) > 1e-4);
+    // RoPE sees lags, not absolute positions: the same tokens at another offset give
+    // the same logits (SPE filters no head here, and there is no APE)
+    let shifted = m.forward_t(&a, 1_000, false);
+    assert!(rel(&la, &shifted) < 1e-5, "{}", rel(&la, &shifted));
+    // the config refuses RoPE without local heads
+    let mut bad = variant("spe-sine gated shared");
+    bad.local_position = LocalPosition::Rope;
+    assert!(bad.validate().is_err());
 }
 
 #[test]

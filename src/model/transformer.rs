@@ -8,7 +8,9 @@
 //!
 //! Attention: FAVOR+ (or exact softmax) in every head; with `local_heads` > 0 the first
 //! `local_heads` heads of every layer use exact softmax over the last `local_window` tokens
-//! instead, on the same SPE-filtered queries and keys ([`window_attention`]).
+//! instead ([`window_attention`]), on the same SPE-filtered queries and keys
+//! (`local_position = "shared"`) or on their own queries and keys turned by RoPE
+//! (`"rope"`, [`rope`]; SPE then filters only the FAVOR+ heads).
 //!
 //! Noise policy:
 //! * `forward_t(train = true)`: fresh SPE noise (Z or conv noise, and every layer's gate xi)
@@ -30,7 +32,9 @@ use anyhow::{Context, Result};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 
 use crate::model::as_kind;
-use crate::model::config::{AttentionKind, ModelConfig, PositionalEncoding};
+use crate::model::config::{
+    AttentionKind, LocalPosition, ModelConfig, PositionalEncoding, ROPE_BASE,
+};
 use crate::model::favor::{causal_linear_attention, recurrent_step, FavorFeatures};
 use crate::model::noise;
 use crate::model::spe::{
@@ -498,11 +502,12 @@ impl Transformer {
             })
             .collect();
         let hl = self.cfg.local_heads;
+        let dl = self.cfg.local_qk_dim();
         let windows = (0..self.cfg.n_layers)
             .map(|_| {
                 (hl > 0).then(|| {
                     (
-                        Tensor::zeros([batch, hl, 0, dk], f),
+                        Tensor::zeros([batch, hl, 0, dl], f),
                         Tensor::zeros([batch, hl, 0, hd], f),
                     )
                 })
@@ -754,6 +759,24 @@ impl Transformer {
                 .narrow(-1, 2 * d, d)
                 .view([b, l, h, hd])
                 .permute([0, 2, 1, 3]);
+            let hl = cfg.local_heads;
+            let rope_local = hl > 0 && cfg.local_position == LocalPosition::Rope;
+            // RoPE local heads take their own queries and keys; SPE filters only the heads
+            // that use its codes (every head otherwise, the local ones narrowed out below).
+            let (q_rope, k_rope) = if rope_local {
+                (
+                    Some(rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), offset)),
+                    Some(rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), offset)),
+                )
+            } else {
+                (None, None)
+            };
+            let h0 = if rope_local { hl } else { 0 };
+            let (q, k) = if h0 > 0 {
+                (q.narrow(2, h0, h - h0), k.narrow(2, h0, h - h0))
+            } else {
+                (q, k)
+            };
             let (qa, ka) = if let Some(rr) = r {
                 let (qbar, kbar) = &codes[if shared { 0 } else { i }];
                 let gate = blk.gate.as_ref().map(|g| match mode {
@@ -765,15 +788,16 @@ impl Transformer {
                         .share(),
                     Mode::Eval => GateFactors::new(g, &self.frozen.xi[i]),
                 });
+                let gate = gate.map(|g| g.heads(h0, h - h0));
+                let (qbar, kbar) = (qbar.narrow(1, h0, h - h0), kbar.narrow(1, h0, h - h0));
                 (
-                    spe_filter_with(&q, qbar, gate.as_ref()),
-                    spe_filter_with(&k, kbar, gate.as_ref()),
+                    spe_filter_with(&q, &qbar, gate.as_ref()),
+                    spe_filter_with(&k, &kbar, gate.as_ref()),
                 )
             } else {
                 (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
             };
             let dk = qa.size()[3];
-            let hl = cfg.local_heads;
             // the local heads first, over their window; FAVOR+ for the rest
             let local = (hl > 0).then(|| {
                 let cache = state.as_deref_mut().map(|s| {
@@ -782,9 +806,13 @@ impl Transformer {
                         .expect("a state begun by this model has a window per layer");
                     (k, v)
                 });
+                let (lq, lk) = match (&q_rope, &k_rope) {
+                    (Some(lq), Some(lk)) => (lq.shallow_clone(), lk.shallow_clone()),
+                    _ => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
+                };
                 let out = window_attention(
-                    &as_kind(&qa.narrow(1, 0, hl), Kind::Float),
-                    &as_kind(&ka.narrow(1, 0, hl), Kind::Float),
+                    &as_kind(&lq, Kind::Float),
+                    &as_kind(&lk, Kind::Float),
                     &as_kind(&v.narrow(1, 0, hl), Kind::Float),
                     cfg.local_window,
                     cache,
@@ -792,11 +820,12 @@ impl Transformer {
                 as_kind(&out, kind)
             });
             let (qa, ka, v) = if hl > 0 {
-                (
-                    qa.narrow(1, hl, h - hl),
-                    ka.narrow(1, hl, h - hl),
-                    v.narrow(1, hl, h - hl),
-                )
+                let v = v.narrow(1, hl, h - hl);
+                if rope_local {
+                    (qa, ka, v)
+                } else {
+                    (qa.narrow(1, hl, h - hl), ka.narrow(1, hl, h - hl), v)
+                }
             } else {
                 (qa, ka, v)
             };
@@ -971,6 +1000,25 @@ pub(crate) fn window_attention(
     } else {
         Tensor::cat(&outs, 2)
     }
+}
+
+/// Rotary position embedding of `x` (B, H, L, D), D even, at absolute positions
+/// start..start+L: the pair (x_j, x_{j+D/2}) of position p turns by the angle
+/// p * ROPE_BASE^(-2j/D). A turned query at p and a turned key at p' then have the dot
+/// product of the plain ones with the pair rotations of p - p' between them, so
+/// softmax logits depend on the lag only, and a state that caches turned keys can be
+/// continued at any offset. Angles are formed in f64 (positions run past 2^24).
+pub fn rope(x: &Tensor, start: i64) -> Tensor {
+    let (l, dim) = (x.size()[2], x.size()[3]);
+    let half = dim / 2;
+    let dev = x.device();
+    let j = Tensor::arange(half, (Kind::Double, dev));
+    let w = (j * (-2.0 * ROPE_BASE.ln() / dim as f64)).exp();
+    let pos = Tensor::arange_start(start, start + l, (Kind::Double, dev)).unsqueeze(1);
+    let ang = pos * w.unsqueeze(0); // (L, D/2)
+    let (cos, sin) = (ang.cos().to_kind(x.kind()), ang.sin().to_kind(x.kind()));
+    let (x1, x2) = (x.narrow(3, 0, half), x.narrow(3, half, half));
+    Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos], 3)
 }
 
 /// Causal depthwise convolution over time: (B, L, C) rows and (C, k) taps ->

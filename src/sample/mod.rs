@@ -581,7 +581,7 @@ pub fn estimate_bytes(
     let windows = layers
         * cfg.local_heads.max(0) as u128
         * (cfg.local_window.max(1) as u128 - 1)
-        * (cfg.qk_dim().max(1) as u128 + hd)
+        * (cfg.local_qk_dim().max(1) as u128 + hd)
         * 4;
     let tails = layers * (cfg.short_conv.max(1) as u128 - 1) * 3 * d * 4;
     let state = state + windows + tails;
