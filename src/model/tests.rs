@@ -216,7 +216,7 @@ fn state_copy_and_select(cfg: &ModelConfig) {
 
 #[test]
 fn window_attention_is_banded_softmax_in_any_pieces() {
-    use super::transformer::{window_attention, UNBOUNDED};
+    use super::transformer::{ring_attention, window_attention, KvRing, UNBOUNDED};
     tch::manual_seed(11);
     let f = (Kind::Float, Device::Cpu);
     let l = 23i64;
@@ -261,6 +261,35 @@ fn window_attention_is_banded_softmax_in_any_pieces() {
             );
             assert_eq!(cv.size()[2], ck.size()[2]);
         }
+        if w == UNBOUNDED {
+            continue;
+        }
+        // the same through a ring of w slots: single steps write in place, longer
+        // pieces put the keys back in order; every step after the first w wraps
+        let mut ring = KvRing::new(2, 3, w, 4, 6, f);
+        let mut pos = 0;
+        for piece in [1, 1, 3, 1, 1, 1, 1, 1, 1, 6, 1, 1, 1, 1, 1, 1] {
+            let out = ring_attention(
+                &q.narrow(2, pos, piece),
+                &k.narrow(2, pos, piece),
+                &v.narrow(2, pos, piece),
+                &mut ring,
+            );
+            assert!(
+                rel(&out, &want.narrow(2, pos, piece)) < 1e-5,
+                "ring, piece at {pos}"
+            );
+            pos += piece;
+            let (ok, ov) = ring.chronological();
+            let held = ok.size()[2];
+            assert!(held == w.min(pos) || (piece > 1 && held == (w - 1).min(pos)));
+            assert!(
+                rel(&ok, &k.narrow(2, pos - held, held)) < 1e-7,
+                "oldest first"
+            );
+            assert!(rel(&ov, &v.narrow(2, pos - held, held)) < 1e-7);
+        }
+        assert_eq!(pos, l, "the pieces cover the sequence");
     }
 }
 

@@ -106,9 +106,9 @@ pub struct RecurrentState {
     /// Per layer with a short convolution: the last k-1 projected q, k, v rows
     /// (B, k-1, 3d), zeros before the first token.
     pub conv_tails: Vec<Option<Tensor>>,
-    /// Per layer with local heads: their keys (B, h_local, c, dk) and values
-    /// (B, h_local, c, Dv), f32, of the last c <= local_window - 1 positions.
-    pub windows: Vec<Option<(Tensor, Tensor)>>,
+    /// Per layer with local heads: their keys and values of the last positions, in a ring
+    /// of `local_window` slots ([`KvRing`]).
+    pub windows: Vec<Option<KvRing>>,
     /// Per ConvSPE code: (k, H, D, R); slot p mod k holds the noise column of position p.
     pub rings: Vec<Tensor>,
     /// The frozen seed the state was built with (rings depend on it).
@@ -160,7 +160,7 @@ impl RecurrentState {
             windows: self
                 .windows
                 .iter()
-                .map(|w| w.as_ref().map(|(k, v)| (k.copy(), v.copy())))
+                .map(|w| w.as_ref().map(|r| r.map(Tensor::copy)))
                 .collect(),
             rings: self.rings.iter().map(|t| t.copy()).collect(),
             seed: self.seed,
@@ -188,7 +188,7 @@ impl RecurrentState {
         let windows = self
             .windows
             .iter()
-            .map(|w| w.as_ref().map(|(k, v)| (rows(k), rows(v))))
+            .map(|w| w.as_ref().map(|r| r.map(rows)))
             .collect();
         RecurrentState {
             position: self.position,
@@ -504,14 +504,7 @@ impl Transformer {
         let hl = self.cfg.local_heads;
         let dl = self.cfg.local_qk_dim();
         let windows = (0..self.cfg.n_layers)
-            .map(|_| {
-                (hl > 0).then(|| {
-                    (
-                        Tensor::zeros([batch, hl, 0, dl], f),
-                        Tensor::zeros([batch, hl, 0, hd], f),
-                    )
-                })
-            })
+            .map(|_| (hl > 0).then(|| KvRing::new(batch, hl, self.cfg.local_window, dl, hd, f)))
             .collect();
         let seed = self.frozen.seed;
         let rings = self
@@ -800,23 +793,24 @@ impl Transformer {
             let dk = qa.size()[3];
             // the local heads first, over their window; FAVOR+ for the rest
             let local = (hl > 0).then(|| {
-                let cache = state.as_deref_mut().map(|s| {
-                    let (k, v) = s.windows[i]
+                let ring = state.as_deref_mut().map(|s| {
+                    s.windows[i]
                         .as_mut()
-                        .expect("a state begun by this model has a window per layer");
-                    (k, v)
+                        .expect("a state begun by this model has a window per layer")
                 });
                 let (lq, lk) = match (&q_rope, &k_rope) {
                     (Some(lq), Some(lk)) => (lq.shallow_clone(), lk.shallow_clone()),
                     _ => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
                 };
-                let out = window_attention(
-                    &as_kind(&lq, Kind::Float),
-                    &as_kind(&lk, Kind::Float),
-                    &as_kind(&v.narrow(1, 0, hl), Kind::Float),
-                    cfg.local_window,
-                    cache,
+                let (lq, lk, lv) = (
+                    as_kind(&lq, Kind::Float),
+                    as_kind(&lk, Kind::Float),
+                    as_kind(&v.narrow(1, 0, hl), Kind::Float),
                 );
+                let out = match ring {
+                    Some(ring) => ring_attention(&lq, &lk, &lv, ring),
+                    None => window_attention(&lq, &lk, &lv, cfg.local_window, None),
+                };
                 as_kind(&out, kind)
             });
             let (qa, ka, v) = if hl > 0 {
@@ -1000,6 +994,104 @@ pub(crate) fn window_attention(
     } else {
         Tensor::cat(&outs, 2)
     }
+}
+
+/// The keys and values a local head still sees, for a batch that steps together: `k`
+/// (B, H, W, dk) and `v` (B, H, W, Dv), f32, with W = the window. Slots 0..len hold the
+/// last `len` <= W positions; `next` is the slot the next position overwrites (its
+/// oldest, or a free one). Positions sit in rotated order, which softmax over a set of
+/// keys does not see: a step writes one slot in place and reads the others where they
+/// lie, instead of concatenating and copying the window every token.
+#[derive(Debug)]
+pub struct KvRing {
+    pub k: Tensor,
+    pub v: Tensor,
+    pub len: i64,
+    pub next: i64,
+}
+
+impl KvRing {
+    /// An empty ring of `window` slots.
+    pub fn new(
+        batch: i64,
+        heads: i64,
+        window: i64,
+        dk: i64,
+        dv: i64,
+        opts: (Kind, Device),
+    ) -> Self {
+        KvRing {
+            k: Tensor::zeros([batch, heads, window, dk], opts),
+            v: Tensor::zeros([batch, heads, window, dv], opts),
+            len: 0,
+            next: 0,
+        }
+    }
+
+    fn capacity(&self) -> i64 {
+        self.k.size()[2]
+    }
+
+    /// The same ring with `f` applied to its tensors (copies, batch rows).
+    pub fn map(&self, f: impl Fn(&Tensor) -> Tensor) -> KvRing {
+        KvRing {
+            k: f(&self.k),
+            v: f(&self.v),
+            len: self.len,
+            next: self.next,
+        }
+    }
+
+    /// The held keys and values, oldest first: (B, H, len, d).
+    pub fn chronological(&self) -> (Tensor, Tensor) {
+        let (w, n) = (self.capacity(), self.next);
+        let order = |t: &Tensor| {
+            if self.len < w {
+                t.narrow(2, 0, self.len)
+            } else {
+                Tensor::cat(&[t.narrow(2, n, w - n), t.narrow(2, 0, n)], 2)
+            }
+        };
+        (order(&self.k), order(&self.v))
+    }
+
+    /// Writes one position (B, H, 1, d) over the oldest slot.
+    fn push(&mut self, k: &Tensor, v: &Tensor) {
+        let w = self.capacity();
+        self.k.narrow(2, self.next, 1).copy_(k);
+        self.v.narrow(2, self.next, 1).copy_(v);
+        self.len = (self.len + 1).min(w);
+        self.next = (self.next + 1) % w;
+    }
+
+    /// Replaces the content by `k`, `v` (B, H, n, d), oldest first, n < W.
+    fn refill(&mut self, k: &Tensor, v: &Tensor) {
+        let n = k.size()[2];
+        self.k.narrow(2, 0, n).copy_(k);
+        self.v.narrow(2, 0, n).copy_(v);
+        self.len = n;
+        self.next = n % self.capacity();
+    }
+}
+
+/// [`window_attention`] with the window kept in `ring` (whose capacity is the window):
+/// a single query (a generation step) writes its key into the ring and attends over the
+/// ring as it lies; longer pieces go through [`window_attention`] on the keys put back in
+/// order, and refill the ring.
+pub(crate) fn ring_attention(q: &Tensor, k: &Tensor, v: &Tensor, ring: &mut KvRing) -> Tensor {
+    let window = ring.capacity();
+    if q.size()[2] == 1 {
+        ring.push(k, v);
+        let dk = q.size()[3];
+        let (rk, rv) = (ring.k.narrow(2, 0, ring.len), ring.v.narrow(2, 0, ring.len));
+        return (q.matmul(&rk.transpose(-1, -2)) / (dk as f64).sqrt())
+            .softmax(-1, None)
+            .matmul(&rv);
+    }
+    let (mut ck, mut cv) = ring.chronological();
+    let out = window_attention(q, k, v, window, Some((&mut ck, &mut cv)));
+    ring.refill(&ck, &cv);
+    out
 }
 
 /// Rotary position embedding of `x` (B, H, L, D), D even, at absolute positions

@@ -580,7 +580,7 @@ pub fn estimate_bytes(
     };
     let windows = layers
         * cfg.local_heads.max(0) as u128
-        * (cfg.local_window.max(1) as u128 - 1)
+        * cfg.local_window.max(1) as u128
         * (cfg.local_qk_dim().max(1) as u128 + hd)
         * 4;
     let tails = layers * (cfg.short_conv.max(1) as u128 - 1) * 3 * d * 4;
@@ -624,9 +624,14 @@ mod tests {
         let mut local = base.clone();
         local.local_heads = 2;
         local.local_window = 128;
-        // per piece: 4 layers x 2 heads x 127 positions x (32 + 64) floats
+        // per piece: 4 layers x 2 heads x a ring of 128 slots x (32 + 64) floats
         let extra = estimate_bytes(&local, 3, 10, 100) - estimate_bytes(&base, 3, 10, 100);
-        assert_eq!(extra, 3 * 4 * 2 * 127 * (32 + 64) * 4);
+        assert_eq!(extra, 3 * 4 * 2 * 128 * (32 + 64) * 4);
+        // RoPE local heads keep whole head-sized keys (64), not SPE's R = 32 columns
+        let mut rope = local.clone();
+        rope.local_position = crate::model::LocalPosition::Rope;
+        let extra = estimate_bytes(&rope, 3, 10, 100) - estimate_bytes(&base, 3, 10, 100);
+        assert_eq!(extra, 3 * 4 * 2 * 128 * (64 + 64) * 4);
         let mut conv = base.clone();
         conv.short_conv = 4;
         let extra = estimate_bytes(&conv, 1, 10, 100) - estimate_bytes(&base, 1, 10, 100);
