@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use cadenza::model::{AttentionKind, ModelConfig, Transformer};
+use cadenza::model::{AttentionKind, LocalPosition, ModelConfig, Transformer};
 use cadenza::train::{adamw::AdamW, lm_loss};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -35,6 +35,8 @@ struct Opts {
     /// shipped model: 2 of 4, window 128).
     local_heads: i64,
     local_window: i64,
+    /// `shared` (the SPE-filtered queries and keys) or `rope`.
+    local_position: String,
 }
 
 fn parse() -> Opts {
@@ -50,6 +52,7 @@ fn parse() -> Opts {
         chunk: 0,
         local_heads: 0,
         local_window: 128,
+        local_position: "shared".into(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -76,6 +79,7 @@ fn parse() -> Opts {
             "--chunk" => o.chunk = num(val),
             "--local-heads" => o.local_heads = num(val),
             "--local-window" => o.local_window = num(val),
+            "--local-position" => o.local_position = val.clone(),
             _ => panic!("unknown option {key}"),
         }
         i += 2;
@@ -108,6 +112,11 @@ fn main() {
     }
     cfg.local_heads = o.local_heads;
     cfg.local_window = o.local_window;
+    cfg.local_position = match o.local_position.as_str() {
+        "shared" => LocalPosition::Shared,
+        "rope" => LocalPosition::Rope,
+        other => panic!("--local-position {other}: shared or rope"),
+    };
     cfg.validate().unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let model = Transformer::new(&vs.root(), &cfg).unwrap();
@@ -127,11 +136,12 @@ fn main() {
     step();
     let secs: f64 = (0..o.steps).map(|_| step()).sum::<f64>() / o.steps.max(1) as f64;
     println!(
-        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"local_heads\":{},\"local_window\":{},\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1}}}",
+        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"local_heads\":{},\"local_window\":{},\"local_position\":\"{}\",\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1}}}",
         o.attention,
         o.positional,
         o.local_heads,
         o.local_window,
+        o.local_position,
         o.len,
         o.batch,
         o.steps,

@@ -15,6 +15,7 @@
 # Environment: LENS ["512 2048 4096 8192 16384"], STEPS [2: timed steps, at
 #              least 64k tokens' worth], THREADS [2],
 #              LOCAL_HEADS [0; the shipped model: 2], LOCAL_WINDOW [128],
+#              LOCAL_POSITION [shared; the shipped model: rope],
 #              OUT [runs/bench-vs-pytorch].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,7 @@ steps=${STEPS:-2}
 threads=${THREADS:-2}
 local_heads=${LOCAL_HEADS:-0}
 local_window=${LOCAL_WINDOW:-128}
+local_position=${LOCAL_POSITION:-shared}
 out=${OUT:-runs/bench-vs-pytorch}
 py=runs/ref-venv/bin/python
 [ -x $py ] || { echo "no $py: run scripts/reference/setup.sh first" >&2; exit 1; }
@@ -36,7 +38,7 @@ for L in $lens; do
   n=$(( 65536 / (B * L) )); [ $n -lt $steps ] && n=$steps
   echo "L=$L batch=$B steps=$n" >&2
   cargo bench -q --bench train_speed -- --len $L --batch $B --steps $n --threads $threads \
-    --local-heads $local_heads --local-window $local_window >> "$res"
+    --local-heads $local_heads --local-window $local_window --local-position $local_position >> "$res"
   $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $n --threads $threads \
     2>/dev/null >> "$res"
 done

@@ -29,7 +29,8 @@ def main(path):
     t = next(iter(first.values()))["threads"]
     c = first.get("cadenza", {})
     heads = c.get("local_heads", 0)
-    local = (f"{heads} local softmax heads over {c.get('local_window')} tokens, the others FAVOR+"
+    rope = " with RoPE" if c.get("local_position") == "rope" else ""
+    local = (f"{heads} local softmax heads{rope} over {c.get('local_window')} tokens, the others FAVOR+"
              if heads else "every head FAVOR+")
     print(f"\n{t} threads; cadenza: {local}; tokens/s = batch x L / mean seconds per step; "
           "KB/token = (peak - resident before the first step) / (batch x L).")

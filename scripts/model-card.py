@@ -66,8 +66,10 @@ def attention_row(m):
              f"redraw probability {a.get('redraw_prob')} in training")
     hl, w = m.get("local_heads", 0), m.get("local_window", 0)
     if hl:
+        pos = ("with RoPE on their own queries and keys" if m.get("local_position") == "rope"
+               else "on the SPE-filtered queries and keys")
         favor = (f"{hl} of {m['n_heads']} heads per layer exact softmax over the last {w} tokens "
-                 f"(local heads), the others {favor}")
+                 f"(local heads, {pos}), the others {favor}")
     if m.get("short_conv", 0):
         favor += f"; short causal convolution of {m['short_conv']} taps over q, k, v"
     return favor

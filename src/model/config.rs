@@ -140,11 +140,12 @@ pub struct ModelConfig {
     pub short_conv: i64,
     /// Heads of every layer that attend with exact softmax over the last
     /// `local_window` tokens (themselves included) instead of FAVOR+; the other
-    /// heads keep FAVOR+ over the whole past. Both see the SPE-filtered queries
-    /// and keys. 0: none (the configs written before it). Costs O(window) per
-    /// token, and the recurrent state keeps the last `local_window - 1` keys
-    /// and values of these heads: still constant per token (docs/learning.md
-    /// for why: FAVOR+ alone cannot retrieve a recent note exactly).
+    /// heads keep FAVOR+ over the whole past. Positions in the local heads: see
+    /// `local_position`. 0: none (the configs written before it). Costs
+    /// O(window) per token, and the recurrent state keeps the last
+    /// `local_window` keys and values of these heads: still constant per token
+    /// (docs/learning.md for why: FAVOR+ alone cannot retrieve a recent note
+    /// exactly).
     #[serde(default)]
     pub local_heads: i64,
     /// Tokens a local head sees (see `local_heads`).
@@ -531,5 +532,31 @@ mod tests {
         assert_eq!(back, c);
         let a: PositionalEncoding = serde_json::from_str(r#"{"kind":"ape"}"#).unwrap();
         assert_eq!(a, PositionalEncoding::Ape);
+    }
+
+    #[test]
+    fn local_position_defaults_to_shared_and_rope_is_checked() {
+        // configs written before the field: the SPE-filtered queries and keys
+        let mut c = ModelConfig::preset("small", 877).unwrap();
+        c.local_heads = 2;
+        c.local_window = 128;
+        let mut v = serde_json::to_value(&c).unwrap();
+        v.as_object_mut().unwrap().remove("local_position");
+        let old: ModelConfig = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(old.local_position, LocalPosition::Shared);
+        v["local_position"] = serde_json::json!("rope");
+        let rope: ModelConfig = serde_json::from_value(v).unwrap();
+        assert_eq!(rope.local_position, LocalPosition::Rope);
+        rope.validate().unwrap();
+        // RoPE keys are whole heads; shared ones have SPE's R columns
+        assert_eq!((rope.local_qk_dim(), old.local_qk_dim()), (64, 32));
+        // an odd head dimension cannot be turned in pairs
+        let mut odd = rope.clone();
+        (odd.d_model, odd.n_heads) = (12, 4);
+        assert!(odd.validate().unwrap_err().to_string().contains("even"));
+        // without local heads the option means nothing, and is refused
+        let mut none = rope;
+        none.local_heads = 0;
+        assert!(none.validate().is_err());
     }
 }

@@ -80,6 +80,11 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_window = 4;
     c.local_position = LocalPosition::Rope;
     out.push(("spe-conv 1 rope local head window 4", c));
+    let mut c = with("ape");
+    c.local_heads = 2;
+    c.local_window = 1;
+    c.local_position = LocalPosition::Rope;
+    out.push(("ape 2 rope local heads window 1", c));
     out
 }
 
@@ -168,7 +173,9 @@ fn recurrence_matches_parallel_every_variant() {
             // uneven prefill pieces, then steps
             let mut st = m.begin_at(2, offset);
             let mut pos = 0;
-            for piece in [7, 13, 1, 20] {
+            // (single positions between longer pieces: the local heads' rings wrap, and a
+            // long piece then starts from a rotated ring)
+            for piece in [7, 1, 1, 1, 20, 13] {
                 let lg = m.prefill(&toks.narrow(1, pos, piece), &mut st);
                 let e = rel(&lg, &full.narrow(1, pos, piece));
                 assert!(
@@ -191,7 +198,7 @@ fn recurrence_matches_parallel_every_variant() {
 #[test]
 fn recurrent_state_copy_and_select() {
     for (name, cfg) in variants() {
-        if name.contains("conv") && !name.contains("softmax") {
+        if (name.contains("conv") && !name.contains("softmax")) || name.contains("local") {
             state_copy_and_select(&cfg);
         }
     }
@@ -203,13 +210,18 @@ fn state_copy_and_select(cfg: &ModelConfig) {
     let toks = tokens(3, 20, 3);
     let full = m.forward_t(&toks, 0, false);
     let mut st = m.begin(3);
-    let _ = m.prefill(&toks.narrow(1, 0, 10), &mut st);
+    let _ = m.prefill(&toks.narrow(1, 0, 8), &mut st);
+    // two steps: short windows have wrapped their rings by now
+    let _ = m.step(&toks.select(1, 8), &mut st);
+    let _ = m.step(&toks.select(1, 9), &mut st);
     let mut c = st.copy();
     let idx = Tensor::from_slice(&[2i64, 0]);
     let mut s2 = st.select(&idx);
-    let a = m.step(&toks.select(1, 10), &mut st);
+    // the original moves on with other tokens: neither the copy nor the selection may see it
+    let _ = m.step(&toks.select(1, 15), &mut st);
+    let _ = m.step(&toks.select(1, 3), &mut st);
     let b = m.step(&toks.select(1, 10), &mut c);
-    assert!(rel(&b, &a) < 1e-6);
+    assert!(rel(&b, &full.select(1, 10)) < 1e-4);
     let d = m.step(&toks.select(1, 10).index_select(0, &idx), &mut s2);
     assert!(rel(&d, &full.select(1, 10).index_select(0, &idx)) < 1e-4);
 }
@@ -315,8 +327,8 @@ fn local_heads_see_no_further_than_their_window() {
 fn rope_dot_products_depend_on_the_lag_only() {
     tch::manual_seed(21);
     let (q, k) = (
-        Tensor::randn([1, 1, 1, 8], (Kind::Double, Device::Cpu)),
-        Tensor::randn([1, 1, 1, 8], (Kind::Double, Device::Cpu)),
+        Tensor::randn([1, 1, 1, 8], (Kind::Float, Device::Cpu)),
+        Tensor::randn([1, 1, 1, 8], (Kind::Float, Device::Cpu)),
     );
     let dot = |pq: i64, pk: i64| {
         (rope(&q, pq) * rope(&k, pk))
@@ -325,20 +337,20 @@ fn rope_dot_products_depend_on_the_lag_only() {
     };
     // the same lag anywhere, also far past the training lengths
     for (a, b) in [(0, 5), (100, 105), (70_000, 70_005)] {
-        assert!((dot(b, a) - dot(5, 0)).abs() < 1e-9, "lag 5 at {a}");
+        assert!((dot(b, a) - dot(5, 0)).abs() < 1e-4, "lag 5 at {a}");
     }
     assert!(
-        (dot(5, 0) - dot(6, 0)).abs() > 1e-6,
+        (dot(5, 0) - dot(6, 0)).abs() > 1e-3,
         "another lag, another logit"
     );
     // a rotation: norms kept, and position 0 is the identity
     let n = |x: &Tensor| x.norm().double_value(&[]);
-    assert!((n(&rope(&q, 12_345)) - n(&q)).abs() < 1e-12);
-    assert!(rel(&rope(&q, 0), &q) < 1e-15);
+    assert!((n(&rope(&q, 12_345)) - n(&q)).abs() < 1e-5);
+    assert!(rel(&rope(&q, 0), &q) < 1e-7);
     // a window turned from its offset equals the same rows of a longer window
-    let x = Tensor::randn([2, 3, 10, 8], (Kind::Double, Device::Cpu));
+    let x = Tensor::randn([2, 3, 10, 8], (Kind::Float, Device::Cpu));
     let whole = rope(&x, 0);
-    assert!(rel(&rope(&x.narrow(2, 4, 6), 4), &whole.narrow(2, 4, 6)) < 1e-12);
+    assert!(rel(&rope(&x.narrow(2, 4, 6), 4), &whole.narrow(2, 4, 6)) < 1e-7);
 }
 
 #[test]
@@ -360,6 +372,13 @@ fn rope_local_heads_skip_spe_and_keep_the_window() {
     // the same logits (SPE filters no head here, and there is no APE)
     let shifted = m.forward_t(&a, 1_000, false);
     assert!(rel(&la, &shifted) < 1e-5, "{}", rel(&la, &shifted));
+    // and the recurrence with no head left for SPE gives the same logits
+    let mut st = m.begin(1);
+    let pre = m.prefill(&a.narrow(1, 0, 9), &mut st);
+    assert!(rel(&pre, &la.narrow(1, 0, 9)) < 1e-4);
+    for i in 9..20 {
+        assert!(rel(&m.step(&a.select(1, i), &mut st), &la.select(1, i)) < 1e-4);
+    }
     // the config refuses RoPE without local heads
     let mut bad = variant("spe-sine gated shared");
     bad.local_position = LocalPosition::Rope;

@@ -735,6 +735,10 @@ impl Transformer {
             train_guard = Some(g);
         }
 
+        // RoPE angles of this call's positions, shared by every layer's local heads
+        let rope_tabs = (cfg.local_heads > 0 && cfg.local_position == LocalPosition::Rope)
+            .then(|| rope_tables(offset, l, hd, self.device));
+
         for (i, blk) in self.blocks.iter().enumerate() {
             let hn = x.apply(&blk.norm1);
             let mut qkv = hn.apply(&blk.qkv);
@@ -753,13 +757,13 @@ impl Transformer {
                 .view([b, l, h, hd])
                 .permute([0, 2, 1, 3]);
             let hl = cfg.local_heads;
-            let rope_local = hl > 0 && cfg.local_position == LocalPosition::Rope;
+            let rope_local = rope_tabs.is_some();
             // RoPE local heads take their own queries and keys; SPE filters only the heads
             // that use its codes (every head otherwise, the local ones narrowed out below).
-            let (q_rope, k_rope) = if rope_local {
+            let (q_rope, k_rope) = if let Some(t) = &rope_tabs {
                 (
-                    Some(rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), offset)),
-                    Some(rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), offset)),
+                    Some(apply_rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), t)),
+                    Some(apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t)),
                 )
             } else {
                 (None, None)
@@ -932,9 +936,10 @@ pub(crate) const UNBOUNDED: i64 = i64::MAX;
 
 /// Causal softmax attention of every query over the `window` most recent
 /// positions, itself included: q (B, h, L, dk), k (B, h, L, dk), v (B, h, L, Dv)
-/// -> (B, h, L, Dv). `cache` holds the keys and values of the (at most
-/// window - 1) positions just before the first query, and is replaced by
-/// those before the next call. Queries go in blocks of `window`, each against
+/// -> (B, h, L, Dv). `cache` holds the keys and values of positions just
+/// before the first query, oldest first (any number: those window or more
+/// back are masked out), and is replaced by the last (at most window - 1)
+/// positions, those the next call needs. Queries go in blocks of `window`, each against
 /// at most 2 window - 1 keys: O(L window) time and memory at any length.
 /// With `window` = [`UNBOUNDED`] it is plain causal softmax attention, and the
 /// cache keeps every position.
@@ -997,21 +1002,26 @@ pub(crate) fn window_attention(
 }
 
 /// The keys and values a local head still sees, for a batch that steps together: `k`
-/// (B, H, W, dk) and `v` (B, H, W, Dv), f32, with W = the window. Slots 0..len hold the
-/// last `len` <= W positions; `next` is the slot the next position overwrites (its
-/// oldest, or a free one). Positions sit in rotated order, which softmax over a set of
-/// keys does not see: a step writes one slot in place and reads the others where they
-/// lie, instead of concatenating and copying the window every token.
+/// (B, H, C, dk) and `v` (B, H, C, Dv), f32, whose C slots grow (doubling) up to `window`
+/// as positions arrive, so a huge window costs only what it holds. Slots 0..len hold the
+/// last `len` <= window positions: in order while len < window; once the window is full,
+/// rotated, `next` being the slot the next position overwrites (its oldest). Softmax over
+/// a set of keys does not see their order: a step writes one slot in place and reads the
+/// others where they lie, instead of concatenating and copying the window every token.
 #[derive(Debug)]
 pub struct KvRing {
     pub k: Tensor,
     pub v: Tensor,
+    pub window: i64,
     pub len: i64,
     pub next: i64,
 }
 
+/// Slots a new [`KvRing`] starts with (fewer when the window is smaller).
+const RING_START: i64 = 64;
+
 impl KvRing {
-    /// An empty ring of `window` slots.
+    /// An empty ring for a window of `window` positions.
     pub fn new(
         batch: i64,
         heads: i64,
@@ -1020,9 +1030,11 @@ impl KvRing {
         dv: i64,
         opts: (Kind, Device),
     ) -> Self {
+        let c = window.min(RING_START);
         KvRing {
-            k: Tensor::zeros([batch, heads, window, dk], opts),
-            v: Tensor::zeros([batch, heads, window, dv], opts),
+            k: Tensor::zeros([batch, heads, c, dk], opts),
+            v: Tensor::zeros([batch, heads, c, dv], opts),
+            window,
             len: 0,
             next: 0,
         }
@@ -1032,11 +1044,36 @@ impl KvRing {
         self.k.size()[2]
     }
 
+    /// Room for at least `n` slots (n <= window), keeping slots 0..len; only before the
+    /// window is full, while the slots are in order.
+    fn reserve(&mut self, n: i64) {
+        let c = self.capacity();
+        if n <= c {
+            return;
+        }
+        let mut c2 = c.max(1);
+        while c2 < n {
+            c2 *= 2;
+        }
+        let c2 = c2.min(self.window);
+        let grow = |t: &Tensor| {
+            let mut size = t.size();
+            size[2] = c2 - c;
+            Tensor::cat(
+                &[t, &Tensor::zeros(size.as_slice(), (t.kind(), t.device()))],
+                2,
+            )
+        };
+        self.k = grow(&self.k);
+        self.v = grow(&self.v);
+    }
+
     /// The same ring with `f` applied to its tensors (copies, batch rows).
     pub fn map(&self, f: impl Fn(&Tensor) -> Tensor) -> KvRing {
         KvRing {
             k: f(&self.k),
             v: f(&self.v),
+            window: self.window,
             len: self.len,
             next: self.next,
         }
@@ -1044,7 +1081,7 @@ impl KvRing {
 
     /// The held keys and values, oldest first: (B, H, len, d).
     pub fn chronological(&self) -> (Tensor, Tensor) {
-        let (w, n) = (self.capacity(), self.next);
+        let (w, n) = (self.window, self.next);
         let order = |t: &Tensor| {
             if self.len < w {
                 t.narrow(2, 0, self.len)
@@ -1055,31 +1092,33 @@ impl KvRing {
         (order(&self.k), order(&self.v))
     }
 
-    /// Writes one position (B, H, 1, d) over the oldest slot.
+    /// Writes one position (B, H, 1, d) into a free slot, or over the oldest one.
     fn push(&mut self, k: &Tensor, v: &Tensor) {
-        let w = self.capacity();
+        if self.len < self.window {
+            self.reserve(self.len + 1);
+            self.next = self.len;
+        }
         self.k.narrow(2, self.next, 1).copy_(k);
         self.v.narrow(2, self.next, 1).copy_(v);
-        self.len = (self.len + 1).min(w);
-        self.next = (self.next + 1) % w;
+        self.len = (self.len + 1).min(self.window);
+        self.next = (self.next + 1) % self.window;
     }
 
-    /// Replaces the content by `k`, `v` (B, H, n, d), oldest first, n < W.
+    /// Replaces the content by `k`, `v` (B, H, n, d), oldest first, n < window.
     fn refill(&mut self, k: &Tensor, v: &Tensor) {
         let n = k.size()[2];
+        self.reserve(n);
         self.k.narrow(2, 0, n).copy_(k);
         self.v.narrow(2, 0, n).copy_(v);
         self.len = n;
-        self.next = n % self.capacity();
+        self.next = n;
     }
 }
 
-/// [`window_attention`] with the window kept in `ring` (whose capacity is the window):
-/// a single query (a generation step) writes its key into the ring and attends over the
-/// ring as it lies; longer pieces go through [`window_attention`] on the keys put back in
-/// order, and refill the ring.
+/// [`window_attention`] with the window kept in `ring`: a single query (a generation
+/// step) writes its key into the ring and attends over the ring as it lies; longer pieces
+/// go through [`window_attention`] on the keys put back in order, and refill the ring.
 pub(crate) fn ring_attention(q: &Tensor, k: &Tensor, v: &Tensor, ring: &mut KvRing) -> Tensor {
-    let window = ring.capacity();
     if q.size()[2] == 1 {
         ring.push(k, v);
         let dk = q.size()[3];
@@ -1089,7 +1128,7 @@ pub(crate) fn ring_attention(q: &Tensor, k: &Tensor, v: &Tensor, ring: &mut KvRi
             .matmul(&rv);
     }
     let (mut ck, mut cv) = ring.chronological();
-    let out = window_attention(q, k, v, window, Some((&mut ck, &mut cv)));
+    let out = window_attention(q, k, v, ring.window, Some((&mut ck, &mut cv)));
     ring.refill(&ck, &cv);
     out
 }
@@ -1099,18 +1138,31 @@ pub(crate) fn ring_attention(q: &Tensor, k: &Tensor, v: &Tensor, ring: &mut KvRi
 /// p * ROPE_BASE^(-2j/D). A turned query at p and a turned key at p' then have the dot
 /// product of the plain ones with the pair rotations of p - p' between them, so
 /// softmax logits depend on the lag only, and a state that caches turned keys can be
-/// continued at any offset. Angles are formed in f64 (positions run past 2^24).
+/// continued at any offset.
 pub fn rope(x: &Tensor, start: i64) -> Tensor {
     let (l, dim) = (x.size()[2], x.size()[3]);
-    let half = dim / 2;
-    let dev = x.device();
-    let j = Tensor::arange(half, (Kind::Double, dev));
+    apply_rope(x, &rope_tables(start, l, dim, x.device()))
+}
+
+/// (cos, sin) of the RoPE angles of positions start..start+len, each (len, dim/2) f32;
+/// angles are formed in f64 (positions run past 2^24).
+pub(crate) fn rope_tables(start: i64, len: i64, dim: i64, dev: Device) -> (Tensor, Tensor) {
+    let j = Tensor::arange(dim / 2, (Kind::Double, dev));
     let w = (j * (-2.0 * ROPE_BASE.ln() / dim as f64)).exp();
-    let pos = Tensor::arange_start(start, start + l, (Kind::Double, dev)).unsqueeze(1);
-    let ang = pos * w.unsqueeze(0); // (L, D/2)
-    let (cos, sin) = (ang.cos().to_kind(x.kind()), ang.sin().to_kind(x.kind()));
+    let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).unsqueeze(1);
+    let ang = pos * w.unsqueeze(0);
+    (
+        ang.cos().to_kind(Kind::Float),
+        ang.sin().to_kind(Kind::Float),
+    )
+}
+
+/// [`rope`] with precomputed [`rope_tables`]; the result is f32.
+pub(crate) fn apply_rope(x: &Tensor, (cos, sin): &(Tensor, Tensor)) -> Tensor {
+    let half = x.size()[3] / 2;
+    let x = as_kind(x, Kind::Float);
     let (x1, x2) = (x.narrow(3, 0, half), x.narrow(3, half, half));
-    Tensor::cat(&[&x1 * &cos - &x2 * &sin, &x1 * &sin + &x2 * &cos], 3)
+    Tensor::cat(&[&x1 * cos - &x2 * sin, &x1 * sin + &x2 * cos], 3)
 }
 
 /// Causal depthwise convolution over time: (B, L, C) rows and (C, k) taps ->
