@@ -11,7 +11,8 @@
 //! Knobs: CADENZA_BENCH_PRESET [small], CADENZA_BENCH_LENGTHS [1024,3072,16384],
 //! CADENZA_BENCH_BATCHES [1,8], CADENZA_BENCH_RECOMPUTE_POINTS [8],
 //! CADENZA_BENCH_LOCAL_HEADS [0; the shipped model has 2 local softmax heads
-//! over 128 tokens], CADENZA_BENCH_LOCAL_WINDOW [128].
+//! over 512 tokens with RoPE], CADENZA_BENCH_LOCAL_WINDOW [128],
+//! CADENZA_BENCH_LOCAL_POSITION [shared; `rope` for the shipped model].
 
 use std::time::Instant;
 
@@ -55,6 +56,9 @@ fn model(preset: &str, vocab: &Vocab) -> (nn::VarStore, Transformer) {
     let mut cfg = ModelConfig::preset(preset, vocab.len() as i64).expect("preset");
     cfg.local_heads = knob("CADENZA_BENCH_LOCAL_HEADS", 0);
     cfg.local_window = knob("CADENZA_BENCH_LOCAL_WINDOW", 128);
+    if std::env::var("CADENZA_BENCH_LOCAL_POSITION").as_deref() == Ok("rope") {
+        cfg.local_position = cadenza::model::LocalPosition::Rope;
+    }
     cfg.validate().expect("local heads");
     let mut m = Transformer::new(&vs.root(), &cfg).expect("model");
     m.freeze(1);
@@ -114,8 +118,18 @@ fn main() {
     let exe = std::env::current_exe().expect("exe");
     // the value the model is built with, not the raw variable
     let local = knob("CADENZA_BENCH_LOCAL_HEADS", 0);
+    let window = knob("CADENZA_BENCH_LOCAL_WINDOW", 128);
+    let rope = std::env::var("CADENZA_BENCH_LOCAL_POSITION").as_deref() == Ok("rope");
+    let local = if local > 0 {
+        format!(
+            "{local} local heads over {window} tokens{}",
+            if rope { " with RoPE" } else { "" }
+        )
+    } else {
+        "FAVOR+ in every head".to_string()
+    };
     println!(
-        "## Recurrent generation, preset `{preset}`, {local} local heads, CPU ({} threads)\n",
+        "## Recurrent generation, preset `{preset}`, {local}, CPU ({} threads)\n",
         tch::get_num_threads()
     );
     println!("| tokens | batch | tokens/s (all sequences) | us/token first 512 | us/token last 512 | last/first | peak RSS |");
