@@ -5,7 +5,8 @@
 # STEPS (default 8200, about 95 minutes on 2 cores), VOCAB (default the compact
 # vocabulary), STOP_AFTER (stop early; `cadenza train -o RUN_DIR --resume`
 # continues the same schedule exactly), CONFIG (default
-# scripts/shipped-local.toml, the shipped model: 2 local softmax heads;
+# scripts/shipped-rope.toml, the shipped model: 2 local softmax heads over
+# 512 tokens with RoPE; scripts/shipped-local.toml: over 128 tokens, SPE;
 # scripts/shipped.toml is the previous one, FAVOR+ in every head).
 # Give it the machine alone.
 # Then: bash scripts/ship-model.sh RUN_DIR models/cadenza-small
@@ -23,5 +24,5 @@ if [ ! -f "$data/manifest.json" ]; then
   $bin tokenize "$corpus/classical" "$corpus/folk" --vocab "$vocab" -o "$data"
 fi
 $bin train --data "$data" -o "$run" --preset small --vocab "$vocab" \
-  --config "${CONFIG:-scripts/shipped-local.toml}" --steps "$steps" --seed 0 --threads 2 \
+  --config "${CONFIG:-scripts/shipped-rope.toml}" --steps "$steps" --seed 0 --threads 2 \
   ${STOP_AFTER:+--stop-after "$STOP_AFTER"}
