@@ -99,8 +99,8 @@ def reference_block():
             "| model | loss | pitch NLL | pitch top-1 | folk pitch top-1 |\n| --- | ---: | ---: | ---: | ---: |\n"
             + "\n".join(rows + refs) + "\n\nFAVOR+ alone cannot find a recent note exactly, which a "
             "softmax head does: the model shipped before local heads, FAVOR+ in every head, reached 23.5% pitch top-1 "
-            "(folk 25.1%) on these windows; local heads (`[model] local_heads`) are how this one "
-            "narrows the gap.\n")
+            "(folk 25.1%) on these windows; local softmax heads (`[model] local_heads`, `local_position`) "
+            "are what this one adds to it.\n")
 
 
 def main():
