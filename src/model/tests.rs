@@ -313,14 +313,20 @@ fn local_heads_see_no_further_than_their_window() {
         .with_positional("none")
         .unwrap();
     let (_vs, m) = build(&cfg, 12);
-    let a = tokens(1, 20, 12);
+    assert_reach_of_window_3(&m, &tokens(1, 20, 12));
+}
+
+/// With every head local over 3 tokens in 2 layers, changing token 5 of `a` (1, 20)
+/// changes the logits up to position 9 and not at 10 (2 layers x 2 positions back).
+/// Returns the logits of `a`.
+fn assert_reach_of_window_3(m: &Transformer, a: &Tensor) -> Tensor {
     let b = a.copy();
     let _ = b.narrow(1, 5, 1).fill_(7);
     assert_ne!(a.int64_value(&[0, 5]), 7, "the token changes");
-    let (la, lb) = (m.forward_t(&a, 0, false), m.forward_t(&b, 0, false));
-    // reach: 2 layers x 2 positions back
+    let (la, lb) = (m.forward_t(a, 0, false), m.forward_t(&b, 0, false));
     assert!(rel(&la.select(1, 10), &lb.select(1, 10)) < 1e-7);
     assert!(rel(&la.select(1, 9), &lb.select(1, 9)) > 1e-4);
+    la
 }
 
 #[test]
@@ -362,12 +368,7 @@ fn rope_local_heads_skip_spe_and_keep_the_window() {
     cfg.local_window = 3;
     let (_vs, m) = build(&cfg, 13);
     let a = tokens(1, 20, 13);
-    let b = a.copy();
-    let _ = b.narrow(1, 5, 1).fill_(7);
-    assert_ne!(a.int64_value(&[0, 5]), 7, "the token changes");
-    let (la, lb) = (m.forward_t(&a, 0, false), m.forward_t(&b, 0, false));
-    assert!(rel(&la.select(1, 10), &lb.select(1, 10)) < 1e-7);
-    assert!(rel(&la.select(1, 9), &lb.select(1, 9)) > 1e-4);
+    let la = assert_reach_of_window_3(&m, &a);
     // RoPE sees lags, not absolute positions: the same tokens at another offset give
     // the same logits (SPE filters no head here, and there is no APE)
     let shifted = m.forward_t(&a, 1_000, false);
