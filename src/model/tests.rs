@@ -313,7 +313,7 @@ fn local_heads_see_no_further_than_their_window() {
         .with_positional("none")
         .unwrap();
     let (_vs, m) = build(&cfg, 12);
-    assert_reach_of_window_3(&m, &tokens(1, 20, 12));
+    let _ = assert_reach_of_window_3(&m, &tokens(1, 20, 12));
 }
 
 /// With every head local over 3 tokens in 2 layers, changing token 5 of `a` (1, 20)
