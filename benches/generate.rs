@@ -50,13 +50,18 @@ fn knob(name: &str, default: i64) -> i64 {
         .unwrap_or(default)
 }
 
+/// Whether the local heads use RoPE (CADENZA_BENCH_LOCAL_POSITION=rope).
+fn rope_knob() -> bool {
+    std::env::var("CADENZA_BENCH_LOCAL_POSITION").as_deref() == Ok("rope")
+}
+
 fn model(preset: &str, vocab: &Vocab) -> (nn::VarStore, Transformer) {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
     let mut cfg = ModelConfig::preset(preset, vocab.len() as i64).expect("preset");
     cfg.local_heads = knob("CADENZA_BENCH_LOCAL_HEADS", 0);
     cfg.local_window = knob("CADENZA_BENCH_LOCAL_WINDOW", 128);
-    if std::env::var("CADENZA_BENCH_LOCAL_POSITION").as_deref() == Ok("rope") {
+    if rope_knob() {
         cfg.local_position = cadenza::model::LocalPosition::Rope;
     }
     cfg.validate().expect("local heads");
@@ -119,7 +124,7 @@ fn main() {
     // the value the model is built with, not the raw variable
     let local = knob("CADENZA_BENCH_LOCAL_HEADS", 0);
     let window = knob("CADENZA_BENCH_LOCAL_WINDOW", 128);
-    let rope = std::env::var("CADENZA_BENCH_LOCAL_POSITION").as_deref() == Ok("rope");
+    let rope = rope_knob();
     let local = if local > 0 {
         format!(
             "{local} local heads over {window} tokens{}",

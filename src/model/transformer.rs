@@ -757,18 +757,15 @@ impl Transformer {
                 .view([b, l, h, hd])
                 .permute([0, 2, 1, 3]);
             let hl = cfg.local_heads;
-            let rope_local = rope_tabs.is_some();
-            // RoPE local heads take their own queries and keys; SPE filters only the heads
-            // that use its codes (every head otherwise, the local ones narrowed out below).
-            let (q_rope, k_rope) = if let Some(t) = &rope_tabs {
+            // RoPE local heads take their own queries and keys; SPE filters heads h0..h: only
+            // the FAVOR+ heads then, every head otherwise (the local ones taken from it below).
+            let rope_qk = rope_tabs.as_ref().map(|t| {
                 (
-                    Some(apply_rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), t)),
-                    Some(apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t)),
+                    apply_rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
+                    apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
                 )
-            } else {
-                (None, None)
-            };
-            let h0 = if rope_local { hl } else { 0 };
+            });
+            let h0 = if rope_qk.is_some() { hl } else { 0 };
             let (q, k) = if h0 > 0 {
                 (q.narrow(2, h0, h - h0), k.narrow(2, h0, h - h0))
             } else {
@@ -802,9 +799,9 @@ impl Transformer {
                         .as_mut()
                         .expect("a state begun by this model has a window per layer")
                 });
-                let (lq, lk) = match (&q_rope, &k_rope) {
-                    (Some(lq), Some(lk)) => (lq.shallow_clone(), lk.shallow_clone()),
-                    _ => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
+                let (lq, lk) = match &rope_qk {
+                    Some((lq, lk)) => (lq.shallow_clone(), lk.shallow_clone()),
+                    None => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
                 };
                 let (lq, lk, lv) = (
                     as_kind(&lq, Kind::Float),
@@ -817,13 +814,13 @@ impl Transformer {
                 };
                 as_kind(&out, kind)
             });
+            // the FAVOR+ heads hl..h: qa and ka start at head h0
             let (qa, ka, v) = if hl > 0 {
-                let v = v.narrow(1, hl, h - hl);
-                if rope_local {
-                    (qa, ka, v)
-                } else {
-                    (qa.narrow(1, hl, h - hl), ka.narrow(1, hl, h - hl), v)
-                }
+                (
+                    qa.narrow(1, hl - h0, h - hl),
+                    ka.narrow(1, hl - h0, h - hl),
+                    v.narrow(1, hl, h - hl),
+                )
             } else {
                 (qa, ka, v)
             };
