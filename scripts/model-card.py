@@ -204,9 +204,23 @@ consistency >= 0.95, pitch range within one standard deviation, note density
 within half. The real pieces are mostly short folk tunes, several times
 shorter than the generated ones (sizes above the table), and a whole piece's
 pitch range grows with its length; `pitch_range_8bar`, the range within
-8-bar windows, compares like with like.
+8-bar windows, and the second table, over the first 32 bars of every piece,
+compare like with like.
 """)
         print(open(stats).read())
+        cut = os.path.join(OUT, "generated-stats-32bars.md")
+        if os.path.exists(cut):
+            print("The first 32 bars of each piece (`cadenza stats --bars 32`):\n")
+            print(open(cut).read())
+        phrases = os.path.join(OUT, "phrases-generated.md")
+        if os.path.exists(phrases):
+            print("""Repeated phrases: melodic notes that end a phrase of N pitches their
+instrument has played R times already within its previous 256 notes
+(`examples/phrase_limits.rs`). The repetition guard masks them at N = 8,
+R = 8: in 1,500 real classical and folk pieces that is 0.216% of the notes,
+in 8 pieces sampled from this model with the rule off 7.6%.
+""")
+            print(open(phrases).read())
     print(f"""## Reproduce or continue
 
 ```sh

@@ -117,6 +117,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 fn main() {
+    util::quiet_on_broken_pipe();
     let args: Vec<OsString> = std::env::args_os().collect();
     let result = if runs_here(&args) {
         run(Cli::parse_from(&args))

@@ -12,6 +12,21 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+/// Lets a command end quietly, as `cat` or `grep` do, when the reader of
+/// its standard output goes away (`cadenza generate ... | head -1`). Rust
+/// ignores SIGPIPE, so every later `println!` would panic on the broken
+/// pipe; with the default action restored the process ends at the first
+/// such write instead. Files being written atomically are never renamed
+/// into place half-written: the temporary file stays and is cleaned up by
+/// [`clean_stale_temps`]. Call it first thing in `main`.
+pub fn quiet_on_broken_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called before any thread starts; SIG_DFL is a valid action.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Writes `bytes` to `path` through a temporary file in the same folder and a
 /// rename, so that a reader never sees a half-written file.
 /// The folder is created when missing.

@@ -1371,6 +1371,20 @@ fn vocab_stats_and_compare_never_write_over_their_inputs() {
 }
 
 #[test]
+fn stats_cuts_pieces_to_bars_and_refuses_zero_bars() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mid = tmp.path().join("g.mid");
+    std::fs::write(&mid, scale_bytes()).unwrap();
+    let r = run_limited(&["stats", s(&mid), "--real", s(&mid), "--bars", "0"], 20.0);
+    assert_eq!(r.code, 2, "{}", r.all());
+    assert!(r.stderr.contains("--bars"), "{}", r.stderr);
+    let r = run_limited(&["stats", s(&mid), "--real", s(&mid), "--bars", "1"], 20.0);
+    assert_eq!(r.code, 0, "{}", r.all());
+    assert!(r.stdout.contains("(first 1 bars of each)"), "{}", r.stdout);
+    assert!(r.stdout.contains("| pitch_range |"), "{}", r.stdout);
+}
+
+#[test]
 fn configuration_inputs_that_are_devices_or_fifos_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let mid = tmp.path().join("a.mid");

@@ -100,3 +100,35 @@ fn shipped_model_validation_loss_matches_its_card() {
         "validation loss {loss} vs card {card}"
     );
 }
+
+#[test]
+fn generate_writes_every_piece_when_its_reader_leaves() {
+    // `cadenza generate ... | head -1`: the pipe closes before anything is
+    // printed. Every piece is still written, and nothing panics.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("s.mid");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cadenza"))
+        .args([
+            "generate",
+            "--model",
+            MODEL,
+            "--tokens",
+            "64",
+            "--num-samples",
+            "2",
+        ])
+        .arg("-o")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let done = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for i in 1..=2 {
+        let piece = dir.path().join(format!("s-{i}.mid"));
+        midi::read_file(&piece).unwrap_or_else(|e| panic!("{}: {e}", piece.display()));
+    }
+}

@@ -1,6 +1,7 @@
 use clap::Parser;
 
 fn main() {
+    cadenza::util::quiet_on_broken_pipe();
     let cli = cadenza::cli::Cli::parse();
     let filter = if cli.verbose { "debug" } else { "warn" };
     tracing_subscriber::fmt()

@@ -38,8 +38,10 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub max_bars: Option<usize>,
     /// Sample without the repetition guard (which masks notes longer than
-    /// --max-note-quarters and a pitch already played --max-same-pitch times
-    /// in a row by one instrument).
+    /// --max-note-quarters, a pitch already played --max-same-pitch times
+    /// in a row by one instrument, and a note that would make a phrase of 8
+    /// pitches one instrument has played --max-phrase-repeats times already
+    /// within its last 256 notes).
     #[arg(long)]
     pub no_repetition_guard: bool,
     /// Repetition guard: longest note, in quarter notes (0 = no limit).
@@ -49,6 +51,11 @@ pub struct GenerateArgs {
     /// drums are exempt (0 = no limit).
     #[arg(long, default_value_t = 8)]
     pub max_same_pitch: usize,
+    /// Repetition guard: how often one instrument may play a phrase of 8
+    /// pitches within its last 256 notes; drums are exempt (0 = no limit;
+    /// loop-based styles such as video-game music want 0 or a higher limit).
+    #[arg(long, default_value_t = 8)]
+    pub max_phrase_repeats: usize,
     /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ...
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
@@ -266,6 +273,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             enabled: !a.no_repetition_guard,
             max_note_quarters: a.max_note_quarters,
             max_same_pitch: a.max_same_pitch,
+            max_phrase_repeats: a.max_phrase_repeats,
         },
         programs,
     };
@@ -285,13 +293,15 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     let secs = t0.elapsed().as_secs_f64();
     let generated: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
     let guarded: usize = samples.iter().map(|s| s.guard_changes).sum();
-    println!(
+    // Every piece is written before anything is printed, so a reader that
+    // stops early (`| head -1`, which ends the process) loses none of them.
+    let mut report = vec![format!(
         "generated {generated} tokens in {secs:.1} s ({:.0} tokens/s) after a {}-token prompt; \
          the repetition guard changed {guarded} draw(s){}",
         generated as f64 / secs.max(1e-9),
         prompt.len(),
         if cfg.guard.enabled { "" } else { " (off)" }
-    );
+    )];
     let n = samples.len();
     for (i, s) in samples.iter().enumerate() {
         let files = pieces::PieceFiles {
@@ -302,7 +312,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             piano_roll: render::PianoRollOptions::default(),
         };
         let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref())?;
-        println!(
+        report.push(format!(
             "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), \
              {} guard change(s), {} skipped token(s)",
             files.midi.display(),
@@ -313,16 +323,19 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             s.grammar_corrections,
             s.guard_changes,
             w.skipped
-        );
+        ));
         if let Some(path) = &files.tokens {
-            println!("{}: tokens", path.display());
+            report.push(format!("{}: tokens", path.display()));
         }
         if let (Some(path), Some(st)) = (&files.wav, &w.audio) {
-            println!("{}: {:.1} s of audio", path.display(), st.seconds);
+            report.push(format!("{}: {:.1} s of audio", path.display(), st.seconds));
         }
         if let Some(path) = &files.png {
-            println!("{}: piano roll", path.display());
+            report.push(format!("{}: piano roll", path.display()));
         }
+    }
+    for line in report {
+        println!("{line}");
     }
     Ok(0)
 }
@@ -380,6 +393,11 @@ pub struct StatsArgs {
     /// At most this many real pieces, spread evenly over the list.
     #[arg(long, default_value_t = 500)]
     pub max_real: usize,
+    /// Look at the first N bars of every piece only, generated and real, so
+    /// that pieces of unlike lengths compare (the pitch range of a piece
+    /// grows with its length).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub bars: Option<u32>,
     /// Write the table here too.
     #[arg(long)]
     pub markdown: Option<PathBuf>,
@@ -425,8 +443,12 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     if generated.is_empty() || real.is_empty() {
         bail!("need at least one generated and one real piece");
     }
-    let g: Vec<_> = generated.iter().map(stats::piece_stats).collect();
-    let r: Vec<_> = real.iter().map(stats::piece_stats).collect();
+    let measure = |s: &midi::Score| match a.bars {
+        Some(n) => stats::piece_stats(&stats::first_bars(s, n as usize)),
+        None => stats::piece_stats(s),
+    };
+    let g: Vec<_> = generated.iter().map(measure).collect();
+    let r: Vec<_> = real.iter().map(measure).collect();
     // Sizes first: whole-piece statistics such as the pitch range grow with
     // the length of a piece, so a reader must see whether the sets compare.
     let sizes = |v: &[stats::PieceStats]| {
@@ -438,7 +460,10 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
             v.len()
         )
     };
-    let heading = format!("generated: {}; real: {}", sizes(&g), sizes(&r));
+    let cut = a
+        .bars
+        .map_or(String::new(), |n| format!(" (first {n} bars of each)"));
+    let heading = format!("generated: {}; real: {}{cut}", sizes(&g), sizes(&r));
     let table = stats::markdown(&stats::compare(&g, &r));
     println!("{heading}\n");
     print!("{table}");

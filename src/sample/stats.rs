@@ -313,6 +313,23 @@ fn scale_consistency(hist: &[u64; 12]) -> f64 {
     best as f64 / total as f64
 }
 
+/// The piece cut to its first `bars` bars (bars as [`piece_stats`] counts
+/// them): the notes that start in them, whole; tempos and time signatures
+/// are kept. Whole-piece statistics such as the pitch range grow with a
+/// piece's length, so sets of unlike lengths compare only once cut alike.
+pub fn first_bars(score: &Score, bars: usize) -> Score {
+    let mut out = score.clone();
+    let Some(last_onset) = score.notes.iter().map(|n| n.start).max() else {
+        return out;
+    };
+    let b = Bars::new(score, last_onset);
+    if b.count() > bars {
+        let end = b.bounds[bars];
+        out.notes.retain(|n| n.start < end);
+    }
+    out
+}
+
 /// All statistics of one piece. Never panics; every value is finite.
 pub fn piece_stats(score: &Score) -> PieceStats {
     let notes = &score.notes;
@@ -694,6 +711,32 @@ mod tests {
         let reference = s.bar_ticks(200);
         assert_eq!(&bars.bounds[..bars.count()], &reference[..]);
         assert_eq!(piece_stats(&s).bars, reference.len());
+    }
+
+    #[test]
+    fn first_bars_cuts_the_range_to_the_bars_kept() {
+        // One note per 4/4 bar at 12 ticks/quarter, climbing a semitone a
+        // bar over 10 bars, then a 3/4 bar from bar 10 on.
+        let mut s = score(
+            12,
+            (0..12).map(|b| note(b * 48, 12, 60 + b as u8)).collect(),
+        );
+        s.time_signatures.push(TimeSignature {
+            tick: 10 * 48,
+            numerator: 3,
+            denominator: 4,
+        });
+        assert_eq!(piece_stats(&s).pitch_range, 11.0);
+        let cut = first_bars(&s, 4);
+        assert_eq!(cut.notes.len(), 4);
+        let st = piece_stats(&cut);
+        assert_eq!((st.bars, st.pitch_range), (4, 3.0));
+        assert_eq!(cut.time_signatures, s.time_signatures);
+        // Bars of 3/4 count as bars: bar 11 starts at 10 * 48 + 36.
+        assert_eq!(first_bars(&s, 11).notes.len(), 11);
+        // More bars than the piece has, or no notes: unchanged.
+        assert_eq!(first_bars(&s, 100), s);
+        assert_eq!(first_bars(&Score::new(12), 3), Score::new(12));
     }
 
     #[test]
