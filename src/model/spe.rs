@@ -165,6 +165,12 @@ impl SineSpe {
         let omega =
             |ph: &Tensor| Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([len, h, d, 2 * k]);
         let mk = |o: Tensor| -> Tensor {
+            if len == 1 {
+                // A generation step: H * D products of (1, 2K) by (2K, R) are too small for a
+                // batched matmul (libtorch loops over them one scalar at a time, 4x slower
+                // than this broadcast): (1, H, D, 2K, 1) * (H, D, 2K, R), summed over 2K.
+                return (o.unsqueeze(-1) * &f.zg).sum_dim_intlist([-2i64].as_slice(), false, None);
+            }
             // (H, D, L, 2K) x (H, D, 2K, R) -> (H, D, L, R) -> (L, H, D, R)
             o.permute([1, 2, 0, 3])
                 .matmul(&f.zg)
