@@ -2,9 +2,9 @@
 # 8 pieces of 3,072 tokens sampled from a model, against held-out real
 # pieces: whole pieces, then the first 32 bars of each (the real pieces are
 # about 30 bars long; whole-piece statistics such as the pitch range grow
-# with length), then how often they repeat a phrase. Writes
-# docs/generated-stats.md and DOCS/{generated-stats,generated-stats-32bars}.md
-# and stats.txt. Usage:
+# with length), then against the real pieces of at least 64 bars, then how
+# often they repeat a phrase. Writes docs/generated-stats.md, and under DOCS
+# generated-stats{,-32bars,-long}.md, phrases-generated.md and stats.txt. Usage:
 #   bash scripts/generated-stats.sh [MODEL] [DOCS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,7 @@ rm -rf out/gen && mkdir -p out/gen
 $bin generate --model $model --tokens 3072 --num-samples 8 --seed 7 -o out/gen/sample.mid > $out/generate.txt
 $bin stats out/gen --real "$data" --markdown $out/generated-stats.md > $out/stats.txt
 $bin stats out/gen --real "$data" --bars 32 --markdown $out/generated-stats-32bars.md >> $out/stats.txt
+$bin stats out/gen --real "$data" --min-real-bars 64 --markdown $out/generated-stats-long.md >> $out/stats.txt
 target/release/examples/phrase_limits $model/vocab.json 0 out/gen > $out/phrases-generated.md
 {
   echo "# Generated pieces against held-out real pieces"
@@ -39,6 +40,13 @@ target/release/examples/phrase_limits $model/vocab.json 0 out/gen > $out/phrases
   echo
   cat $out/generated-stats-32bars.md
   echo
+  echo "## Whole pieces against the long real pieces"
+  echo
+  echo "The held-out real pieces of at least 64 bars only: few, and mostly classical"
+  echo "(several instruments, hence their polyphony), but of the generated pieces' length."
+  echo
+  cat $out/generated-stats-long.md
+  echo
   echo "## Repeated phrases"
   echo
   echo "Melodic notes that end a phrase of N pitches their instrument has played R"
@@ -55,6 +63,7 @@ target/release/examples/phrase_limits $model/vocab.json 0 out/gen > $out/phrases
   echo "cadenza generate --model $model --tokens 3072 --num-samples 8 --seed 7 -o out/gen/sample.mid"
   echo "cadenza stats out/gen --real $data"
   echo "cadenza stats out/gen --real $data --bars 32"
+  echo "cadenza stats out/gen --real $data --min-real-bars 64"
   echo "cargo run --release --example phrase_limits -- $model/vocab.json 0 out/gen"
   echo '```'
 } > docs/generated-stats.md

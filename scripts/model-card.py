@@ -212,6 +212,10 @@ compare like with like.
         if os.path.exists(cut):
             print("The first 32 bars of each piece (`cadenza stats --bars 32`):\n")
             print(open(cut).read())
+        long = os.path.join(OUT, "generated-stats-long.md")
+        if os.path.exists(long):
+            print("Whole pieces against the held-out real pieces of at least 64 bars only (`cadenza stats --min-real-bars 64`; few, mostly classical):\n")
+            print(open(long).read())
         phrases = os.path.join(OUT, "phrases-generated.md")
         if os.path.exists(phrases):
             print("""Repeated phrases: melodic notes that end a phrase of N pitches their

@@ -1371,7 +1371,7 @@ fn vocab_stats_and_compare_never_write_over_their_inputs() {
 }
 
 #[test]
-fn stats_cuts_pieces_to_bars_and_refuses_zero_bars() {
+fn stats_cuts_pieces_to_bars_filters_short_real_pieces_and_refuses_zero_bars() {
     let tmp = tempfile::tempdir().unwrap();
     let mid = tmp.path().join("g.mid");
     std::fs::write(&mid, scale_bytes()).unwrap();
@@ -1382,6 +1382,20 @@ fn stats_cuts_pieces_to_bars_and_refuses_zero_bars() {
     assert_eq!(r.code, 0, "{}", r.all());
     assert!(r.stdout.contains("(first 1 bars of each)"), "{}", r.stdout);
     assert!(r.stdout.contains("| pitch_range |"), "{}", r.stdout);
+    // Real pieces too short for --min-real-bars leave nothing to compare.
+    let r = run_limited(
+        &[
+            "stats",
+            s(&mid),
+            "--real",
+            s(&mid),
+            "--min-real-bars",
+            "1000",
+        ],
+        20.0,
+    );
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("one real piece"), "{}", r.stderr);
 }
 
 #[test]

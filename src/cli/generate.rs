@@ -398,6 +398,10 @@ pub struct StatsArgs {
     /// grows with its length).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub bars: Option<u32>,
+    /// Leave out real pieces shorter than N bars, to compare long generated
+    /// pieces with real pieces of their length.
+    #[arg(long)]
+    pub min_real_bars: Option<usize>,
     /// Write the table here too.
     #[arg(long)]
     pub markdown: Option<PathBuf>,
@@ -438,6 +442,9 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
             real.extend(midi_scores(std::slice::from_ref(r))?);
         }
     }
+    if let Some(n) = a.min_real_bars {
+        real.retain(|s| stats::piece_stats(s).bars >= n);
+    }
     // Spread over the whole list: its first files are one collection.
     let real = crate::train::eval::spread(real, a.max_real);
     if generated.is_empty() || real.is_empty() {
@@ -460,9 +467,12 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
             v.len()
         )
     };
-    let cut = a
+    let mut cut = a
         .bars
         .map_or(String::new(), |n| format!(" (first {n} bars of each)"));
+    if let Some(n) = a.min_real_bars {
+        cut += &format!(" (real pieces of at least {n} bars)");
+    }
     let heading = format!("generated: {}; real: {}{cut}", sizes(&g), sizes(&r));
     let table = stats::markdown(&stats::compare(&g, &r));
     println!("{heading}\n");
