@@ -306,6 +306,51 @@ fn window_attention_is_banded_softmax_in_any_pieces() {
 }
 
 #[test]
+fn host_ring_step_is_rope_then_ring_attention() {
+    use super::transformer::{host_ring_step, host_step_ok, ring_attention, KvRing};
+    tch::manual_seed(12);
+    let f = (Kind::Float, Device::Cpu);
+    // 2 sequences; 3 heads of dim 8 in all, the first 2 local, window 5; 13 steps from
+    // position 990 (the ring wraps after 5)
+    let (b, h, hl, dim, w) = (2i64, 3i64, 2i64, 8i64, 5i64);
+    let d = h * dim;
+    let (mut fast, mut slow) = (
+        KvRing::new(b, hl, w, dim, dim, f),
+        KvRing::new(b, hl, w, dim, dim, f),
+    );
+    for step in 0..13 {
+        let pos = 990 + step;
+        let qkv = Tensor::randn([b, 3 * d], f);
+        let heads = |part: i64| qkv.narrow(1, part * d, hl * dim).view([b, hl, 1, dim]);
+        let want = ring_attention(
+            &rope(&heads(0), pos),
+            &rope(&heads(1), pos),
+            &heads(2),
+            &mut slow,
+        );
+        assert!(host_step_ok(&fast));
+        let rows = Vec::<f32>::try_from(&qkv.view([-1])).unwrap();
+        let got = host_ring_step(
+            &rows,
+            b as usize,
+            hl as usize,
+            d as usize,
+            dim as usize,
+            pos,
+            &mut fast,
+        );
+        assert_eq!(got.size(), [b, hl, 1, dim]);
+        assert!(rel(&got, &want) < 1e-5, "step {step}");
+        assert_eq!((fast.len, fast.next), (slow.len, slow.next));
+        let ((fk, fv), (sk, sv)) = (fast.chronological(), slow.chronological());
+        assert!(
+            rel(&fk, &sk) < 1e-6 && rel(&fv, &sv) < 1e-7,
+            "ring at step {step}"
+        );
+    }
+}
+
+#[test]
 fn local_heads_see_no_further_than_their_window() {
     // all heads local, no positions: a token outside every head's reach
     // (2 layers x (window - 1) back) leaves the logits unchanged

@@ -735,9 +735,13 @@ impl Transformer {
             train_guard = Some(g);
         }
 
-        // RoPE angles of this call's positions, shared by every layer's local heads
-        let rope_tabs = (cfg.local_heads > 0 && cfg.local_position == LocalPosition::Rope)
-            .then(|| rope_tables(offset, l, hd, self.device));
+        // RoPE local heads: a CPU generation step runs them on the host (host_ring_step);
+        // otherwise the angles of this call's positions, shared by every layer, are
+        // formed once, when a layer first needs them.
+        let rope = cfg.local_heads > 0 && cfg.local_position == LocalPosition::Rope;
+        let host_step =
+            rope && mode == Mode::Step && self.device == Device::Cpu && kind == Kind::Float;
+        let mut rope_tabs: Option<(Tensor, Tensor)> = None;
 
         for (i, blk) in self.blocks.iter().enumerate() {
             let hn = x.apply(&blk.norm1);
@@ -757,15 +761,21 @@ impl Transformer {
                 .view([b, l, h, hd])
                 .permute([0, 2, 1, 3]);
             let hl = cfg.local_heads;
+            let on_host = host_step
+                && state
+                    .as_deref()
+                    .and_then(|s| s.windows[i].as_ref())
+                    .is_some_and(host_step_ok);
             // RoPE local heads take their own queries and keys; SPE filters heads h0..h: only
             // the FAVOR+ heads then, every head otherwise (the local ones taken from it below).
-            let rope_qk = rope_tabs.as_ref().map(|t| {
+            let rope_qk = (rope && !on_host).then(|| {
+                let t = rope_tabs.get_or_insert_with(|| rope_tables(offset, l, hd, self.device));
                 (
                     apply_rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
                     apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
                 )
             });
-            let h0 = if rope_qk.is_some() { hl } else { 0 };
+            let h0 = if rope { hl } else { 0 };
             let (q, k) = if h0 > 0 {
                 (q.narrow(2, h0, h - h0), k.narrow(2, h0, h - h0))
             } else {
@@ -799,6 +809,20 @@ impl Transformer {
                         .as_mut()
                         .expect("a state begun by this model has a window per layer")
                 });
+                if on_host {
+                    let rows = Vec::<f32>::try_from(&qkv.contiguous().view([-1]))
+                        .expect("f32 projections on the CPU");
+                    let ring = ring.expect("on_host: checked above");
+                    return host_ring_step(
+                        &rows,
+                        b as usize,
+                        hl as usize,
+                        d as usize,
+                        hd as usize,
+                        offset,
+                        ring,
+                    );
+                }
                 let (lq, lk) = match &rope_qk {
                     Some((lq, lk)) => (lq.shallow_clone(), lk.shallow_clone()),
                     None => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
@@ -1128,6 +1152,120 @@ pub(crate) fn ring_attention(q: &Tensor, k: &Tensor, v: &Tensor, ring: &mut KvRi
     let out = window_attention(q, k, v, ring.window, Some((&mut ck, &mut cv)));
     ring.refill(&ck, &cv);
     out
+}
+
+/// A generation step of RoPE local heads done on the host, in one pass, instead of some
+/// thirty small libtorch calls per layer (turning q and k, writing the ring, two matmuls,
+/// softmax), which at batch 1 cost more than their arithmetic: the same math as
+/// [`rope`] then [`ring_attention`], in f32 (angles formed in f64), summed in another
+/// order. `qkv` is the layer's projection for this position, (B, 3 * H_all * D) rows on
+/// the host, whose heads 0..hl (of each third) are the local ones; returns their outputs
+/// (B, hl, 1, D). Only for a CPU ring of contiguous f32 tensors: see [`host_step_ok`].
+pub(crate) fn host_ring_step(
+    qkv: &[f32],
+    batch: usize,
+    hl: usize,
+    d_model: usize,
+    dim: usize,
+    position: i64,
+    ring: &mut KvRing,
+) -> Tensor {
+    debug_assert!(host_step_ok(ring));
+    if ring.len < ring.window {
+        ring.reserve(ring.len + 1);
+        ring.next = ring.len;
+    }
+    let slot = ring.next as usize;
+    let held = (ring.len + 1).min(ring.window) as usize;
+    let cap = ring.capacity() as usize;
+    let half = dim / 2;
+    // (cos, sin) of position * ROPE_BASE^(-2j/D), as rope_tables forms them
+    let turn: Vec<(f32, f32)> = (0..half)
+        .map(|j| {
+            let w = (j as f64 * (-2.0 * ROPE_BASE.ln() / dim as f64)).exp();
+            let a = position as f64 * w;
+            (a.cos() as f32, a.sin() as f32)
+        })
+        .collect();
+    let rotate = |x: &[f32], out: &mut [f32]| {
+        for (j, &(c, s)) in turn.iter().enumerate() {
+            let (x1, x2) = (x[j], x[j + half]);
+            out[j] = x1 * c - x2 * s;
+            out[j + half] = x1 * s + x2 * c;
+        }
+    };
+    let scale = (dim as f32).sqrt();
+    // SAFETY: host_step_ok: both are contiguous f32 CPU tensors of (B, hl, cap, dim)
+    // elements, owned by this ring (no other Rust reference to their storage lives
+    // while these slices do), and distinct tensors.
+    let (kb, vb) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(ring.k.data_ptr() as *mut f32, batch * hl * cap * dim),
+            std::slice::from_raw_parts_mut(ring.v.data_ptr() as *mut f32, batch * hl * cap * dim),
+        )
+    };
+    let mut out = vec![0f32; batch * hl * dim];
+    let (mut q, mut scores) = (vec![0f32; dim], vec![0f32; held]);
+    for b in 0..batch {
+        let row = &qkv[b * 3 * d_model..(b + 1) * 3 * d_model];
+        for h in 0..hl {
+            let at = |part: usize| &row[part * d_model + h * dim..part * d_model + (h + 1) * dim];
+            let base = (b * hl + h) * cap * dim;
+            rotate(at(0), &mut q);
+            rotate(at(1), &mut kb[base + slot * dim..base + (slot + 1) * dim]);
+            vb[base + slot * dim..base + (slot + 1) * dim].copy_from_slice(at(2));
+            let keys = &kb[base..base + held * dim];
+            for (sc, key) in scores.iter_mut().zip(keys.chunks_exact(dim)) {
+                *sc = dot(&q, key) / scale;
+            }
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let mut sum = 0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            let o = &mut out[(b * hl + h) * dim..(b * hl + h + 1) * dim];
+            for (&p, val) in scores
+                .iter()
+                .zip(vb[base..base + held * dim].chunks_exact(dim))
+            {
+                let p = p / sum;
+                for (oi, &vi) in o.iter_mut().zip(val) {
+                    *oi += p * vi;
+                }
+            }
+        }
+    }
+    ring.len = held as i64;
+    ring.next = (ring.next + 1) % ring.window;
+    Tensor::from_slice(&out).view([batch as i64, hl as i64, 1, dim as i64])
+}
+
+/// Whether [`host_ring_step`] may work on `ring`'s storage in place.
+pub(crate) fn host_step_ok(ring: &KvRing) -> bool {
+    [&ring.k, &ring.v]
+        .iter()
+        .all(|t| t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous())
+        && ring.k.size() == ring.v.size()
+}
+
+/// Dot product in eight lanes, which the compiler turns into vector instructions (a plain
+/// sum of f32 products must keep its order and stays scalar).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Rotary position embedding of `x` (B, H, L, D), D even, at absolute positions
