@@ -7,20 +7,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q
-cargo bench -q --bench train_speed --no-run 2>/dev/null
+# The neighbour is the built bench binary itself, started directly: through
+# `cargo bench`, a stale build would make the neighbour a compile, and killing
+# cargo would leave its rustc running into the last measurement.
+neighbour=$(cargo bench -q --bench train_speed --no-run --message-format=json 2>/dev/null |
+  python3 -c "import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'train_speed':
+        print(m['executable'])")
+[ -x "$neighbour" ] || { echo "could not build benches/train_speed.rs" >&2; exit 1; }
 gen() {
   target/release/cadenza generate --model models/cadenza-small --tokens 2048 --seed 1 \
     -o "$(mktemp -d)/g.mid" 2>&1 | grep -o '[0-9]* tokens/s' | cut -d' ' -f1
 }
 alone1=$(gen)
-cargo bench -q --bench train_speed -- --len 512 --batch 8 --steps 400 --threads 2 >/dev/null 2>&1 &
+"$neighbour" --bench --len 512 --batch 8 --steps 400 --threads 2 >/dev/null 2>&1 &
 busy=$!
 sleep 5
 shared=$(gen)
-# `cargo bench` does not pass its signal on to the bench binary: stop both.
-pkill -f "train_speed-.* --steps 400" 2>/dev/null || true
 kill $busy 2>/dev/null; wait $busy 2>/dev/null || true
-while pgrep -f "train_speed-.* --steps 400" >/dev/null; do sleep 0.5; done
 sleep 2
 alone2=$(gen)
 python3 - "$alone1" "$shared" "$alone2" <<'PY'
