@@ -149,11 +149,12 @@ impl SineSpe {
         }
     }
 
-    /// [`SineSpe::codes`] from precomputed [`SineSpe::factors`].
+    /// [`SineSpe::codes`] from precomputed [`SineSpe::factors`] (of every head, or of the
+    /// heads [`SineFactors::heads`] kept: the codes then have as many).
     pub fn codes_from(&self, f: &SineFactors, start: i64, len: i64) -> (Tensor, Tensor) {
         let dev = self.freqs.device();
         let kind = self.freqs.kind();
-        let (h, d, k) = (self.heads, self.dim, self.sines);
+        let (h, d, k) = (f.zg.size()[0], self.dim, self.sines);
         // f * m in cycles is formed in f64 and reduced mod 1 (frac has unit gradient) before
         // going back to the params' kind: large positions keep their phase precision while the
         // cos/sin tensors saved for backward stay in f32.
@@ -195,6 +196,15 @@ pub struct SineFactors {
 }
 
 impl SineFactors {
+    /// The factors of heads start..start+n only: their codes cost n / H of all of them.
+    pub fn heads(&self, start: i64, n: i64) -> SineFactors {
+        SineFactors {
+            cycles: self.cycles.narrow(1, start, n),
+            offsets: self.offsets.narrow(1, start, n),
+            zg: self.zg.narrow(0, start, n),
+        }
+    }
+
     /// Another handle on the same tensors.
     pub fn share(&self) -> SineFactors {
         SineFactors {

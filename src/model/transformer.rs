@@ -553,7 +553,13 @@ impl Transformer {
             .iter()
             .enumerate()
             .map(|(c, code)| match code {
-                SpeCode::Sine(s) => Some(s.factors(self.frozen.z[c].as_ref().expect("frozen Z"))),
+                SpeCode::Sine(s) => {
+                    let (h0, n) = self.spe_heads();
+                    Some(
+                        s.factors(self.frozen.z[c].as_ref().expect("frozen Z"))
+                            .heads(h0, n),
+                    )
+                }
                 SpeCode::Conv(_) => None,
             })
             .collect();
@@ -615,19 +621,21 @@ impl Transformer {
         state: &mut Option<&mut RecurrentState>,
     ) -> Vec<(Tensor, Tensor)> {
         let seed = self.frozen.seed;
+        let (h0, n) = self.spe_heads();
         let mut ring_idx = 0;
         let mut out = Vec::with_capacity(self.codes.len());
         for (c, code) in self.codes.iter().enumerate() {
             let pair = match code {
                 SpeCode::Sine(s) => match mode {
-                    Mode::Train => s.codes(offset, len, &s.draw_z()),
+                    Mode::Train => s.codes_from(&s.factors(&s.draw_z()).heads(h0, n), offset, len),
                     Mode::Step => {
                         let st = state.as_deref().expect("step needs a state");
                         let f = st.cache.sine[c].as_ref().expect("SineSPE step factors");
                         s.codes_from(f, offset, len)
                     }
                     Mode::Eval => {
-                        s.codes(offset, len, self.frozen.z[c].as_ref().expect("frozen Z"))
+                        let z = self.frozen.z[c].as_ref().expect("frozen Z");
+                        s.codes_from(&s.factors(z).heads(h0, n), offset, len)
                     }
                 },
                 SpeCode::Conv(conv) => {
@@ -661,12 +669,29 @@ impl Transformer {
                     }
                 }
             };
-            if matches!(code, SpeCode::Conv(_)) {
-                ring_idx += 1;
-            }
+            let pair = match code {
+                SpeCode::Conv(_) => {
+                    ring_idx += 1;
+                    (pair.0.narrow(1, h0, n), pair.1.narrow(1, h0, n))
+                }
+                SpeCode::Sine(_) => pair,
+            };
             out.push(pair);
         }
         out
+    }
+
+    /// The heads SPE filters, (first, count): with RoPE local heads only the FAVOR+ ones
+    /// after them, every head otherwise (local heads then take theirs from the filtered
+    /// queries and keys).
+    fn spe_heads(&self) -> (i64, i64) {
+        let cfg = &self.cfg;
+        let h0 = if cfg.local_heads > 0 && cfg.local_position == LocalPosition::Rope {
+            cfg.local_heads
+        } else {
+            0
+        };
+        (h0, cfg.n_heads - h0)
     }
 
     fn run(
@@ -793,10 +818,10 @@ impl Transformer {
                     Mode::Eval => GateFactors::new(g, &self.frozen.xi[i]),
                 });
                 let gate = gate.map(|g| g.heads(h0, h - h0));
-                let (qbar, kbar) = (qbar.narrow(1, h0, h - h0), kbar.narrow(1, h0, h - h0));
+                // (the codes are those of heads h0..h already: see window_codes)
                 (
-                    spe_filter_with(&q, &qbar, gate.as_ref()),
-                    spe_filter_with(&k, &kbar, gate.as_ref()),
+                    spe_filter_with(&q, qbar, gate.as_ref()),
+                    spe_filter_with(&k, kbar, gate.as_ref()),
                 )
             } else {
                 (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
