@@ -998,6 +998,13 @@ pub(crate) fn window_attention(
 ) -> Tensor {
     let l = q.size()[2];
     let dk = q.size()[3];
+    if cache.is_none() && l <= window {
+        // The window covers every earlier position: plain causal softmax, which libtorch
+        // fuses (no (L, L) mask or separate softmax kept for the backward pass).
+        return Tensor::scaled_dot_product_attention::<Tensor>(
+            q, k, v, None, 0.0, true, None, false,
+        );
+    }
     let (kp, vp) = match &cache {
         Some((ck, cv)) => (Tensor::cat(&[&**ck, k], 2), Tensor::cat(&[&**cv, v], 2)),
         None => (k.shallow_clone(), v.shallow_clone()),
