@@ -760,10 +760,11 @@ impl Transformer {
             train_guard = Some(g);
         }
 
-        // RoPE local heads: a CPU generation step runs them on the host (host_ring_step);
-        // otherwise the angles of this call's positions, shared by every layer, are
-        // formed once, when a layer first needs them.
-        let rope = cfg.local_heads > 0 && cfg.local_position == LocalPosition::Rope;
+        // RoPE local heads (heads 0..h0, the ones SPE does not filter): a CPU generation
+        // step runs them on the host (host_ring_step); otherwise the angles of this call's
+        // positions, shared by every layer, are formed once, when a layer first needs them.
+        let (h0, _) = self.spe_heads();
+        let rope = h0 > 0;
         let host_step =
             rope && mode == Mode::Step && self.device == Device::Cpu && kind == Kind::Float;
         let mut rope_tabs: Option<(Tensor, Tensor)> = None;
@@ -800,7 +801,6 @@ impl Transformer {
                     apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
                 )
             });
-            let h0 = if rope { hl } else { 0 };
             let (q, k) = if h0 > 0 {
                 (q.narrow(2, h0, h - h0), k.narrow(2, h0, h - h0))
             } else {
@@ -1145,16 +1145,24 @@ impl KvRing {
         (order(&self.k), order(&self.v))
     }
 
-    /// Writes one position (B, H, 1, d) into a free slot, or over the oldest one.
-    fn push(&mut self, k: &Tensor, v: &Tensor) {
+    /// Takes the slot of one more position, a free one or the oldest, and counts the
+    /// position as held; the caller writes its key and value there.
+    fn take_slot(&mut self) -> i64 {
         if self.len < self.window {
             self.reserve(self.len + 1);
             self.next = self.len;
         }
-        self.k.narrow(2, self.next, 1).copy_(k);
-        self.v.narrow(2, self.next, 1).copy_(v);
+        let slot = self.next;
         self.len = (self.len + 1).min(self.window);
         self.next = (self.next + 1) % self.window;
+        slot
+    }
+
+    /// Writes one position (B, H, 1, d) into a free slot, or over the oldest one.
+    fn push(&mut self, k: &Tensor, v: &Tensor) {
+        let slot = self.take_slot();
+        self.k.narrow(2, slot, 1).copy_(k);
+        self.v.narrow(2, slot, 1).copy_(v);
     }
 
     /// Replaces the content by `k`, `v` (B, H, n, d), oldest first, n < window.
@@ -1203,18 +1211,14 @@ pub(crate) fn host_ring_step(
     ring: &mut KvRing,
 ) -> Tensor {
     debug_assert!(host_step_ok(ring));
-    if ring.len < ring.window {
-        ring.reserve(ring.len + 1);
-        ring.next = ring.len;
-    }
-    let slot = ring.next as usize;
-    let held = (ring.len + 1).min(ring.window) as usize;
+    let slot = ring.take_slot() as usize;
+    let held = ring.len as usize;
     let cap = ring.capacity() as usize;
     let half = dim / 2;
-    // (cos, sin) of position * ROPE_BASE^(-2j/D), as rope_tables forms them
-    let turn: Vec<(f32, f32)> = (0..half)
-        .map(|j| {
-            let w = (j as f64 * (-2.0 * ROPE_BASE.ln() / dim as f64)).exp();
+    // (cos, sin) of this position's angles, as rope_tables forms them
+    let turn: Vec<(f32, f32)> = rope_frequencies(dim as i64)
+        .iter()
+        .map(|w| {
             let a = position as f64 * w;
             (a.cos() as f32, a.sin() as f32)
         })
@@ -1268,8 +1272,6 @@ pub(crate) fn host_ring_step(
             }
         }
     }
-    ring.len = held as i64;
-    ring.next = (ring.next + 1) % ring.window;
     Tensor::from_slice(&out).view([batch as i64, hl as i64, 1, dim as i64])
 }
 
@@ -1314,14 +1316,20 @@ pub fn rope(x: &Tensor, start: i64) -> Tensor {
 /// (cos, sin) of the RoPE angles of positions start..start+len, each (len, dim/2) f32;
 /// angles are formed in f64 (positions run past 2^24).
 pub(crate) fn rope_tables(start: i64, len: i64, dim: i64, dev: Device) -> (Tensor, Tensor) {
-    let j = Tensor::arange(dim / 2, (Kind::Double, dev));
-    let w = (j * (-2.0 * ROPE_BASE.ln() / dim as f64)).exp();
+    let w = Tensor::from_slice(&rope_frequencies(dim)).to_device(dev);
     let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).unsqueeze(1);
     let ang = pos * w.unsqueeze(0);
     (
         ang.cos().to_kind(Kind::Float),
         ang.sin().to_kind(Kind::Float),
     )
+}
+
+/// The angle per position of each pair j < dim/2, ROPE_BASE^(-2j/dim), in f64.
+fn rope_frequencies(dim: i64) -> Vec<f64> {
+    (0..dim / 2)
+        .map(|j| (j as f64 * (-2.0 * ROPE_BASE.ln() / dim as f64)).exp())
+        .collect()
 }
 
 /// [`rope`] with precomputed [`rope_tables`]; the result is f32.
