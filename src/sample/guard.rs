@@ -118,6 +118,8 @@ impl Melody {
             self.recent.pop_front();
         }
         self.recent.push_back(pitch);
+        // One slice for phrase_counts (moves at most PHRASE_WINDOW bytes).
+        self.recent.make_contiguous();
     }
 
     /// The last pitch and how many notes in a row had it.
@@ -130,18 +132,15 @@ impl Melody {
     /// all zero before `PHRASE_NOTES - 1` notes.
     pub fn phrase_counts(&self) -> [u16; 128] {
         let mut counts = [0u16; 128];
-        let n = self.recent.len();
+        let notes = self.recent.as_slices().0; // contiguous: see push
         let k = PHRASE_NOTES - 1;
-        if n < k {
+        let Some(suffix) = notes.len().checked_sub(k).map(|n| &notes[n..]) else {
             return counts;
-        }
-        let (a, b) = self.recent.as_slices();
-        let at = |i: usize| if i < a.len() { a[i] } else { b[i - a.len()] };
-        // Start i of an earlier occurrence of the suffix with a note after it.
-        for i in 0..n - k {
-            if (0..k).all(|j| at(i + j) == at(n - k + j)) {
-                let next = at(i + k) as usize;
-                if let Some(c) = counts.get_mut(next) {
+        };
+        // Every earlier occurrence of the suffix with a note after it.
+        for w in notes.windows(PHRASE_NOTES) {
+            if &w[..k] == suffix {
+                if let Some(c) = counts.get_mut(w[k] as usize) {
                     *c += 1;
                 }
             }
