@@ -227,6 +227,48 @@ fn state_copy_and_select(cfg: &ModelConfig) {
 }
 
 #[test]
+fn banded_attention_matches_the_definition_and_its_gradients() {
+    use super::transformer::banded_attention;
+    tch::manual_seed(12);
+    let f = (Kind::Float, Device::Cpu);
+    let l = 23i64;
+    let i = Tensor::arange(l, (Kind::Int64, Device::Cpu));
+    let lag = i.unsqueeze(1) - i.unsqueeze(0);
+    // windows shorter than, equal to and longer than the blocks; blocks that do and do
+    // not divide L, one position, and one block for the whole call
+    for (w, block) in [
+        (5, 2),
+        (5, 3),
+        (5, 5),
+        (5, 128),
+        (9, 4),
+        (1, 7),
+        (2, 1),
+        (22, 8),
+        (7, 40),
+    ] {
+        let leaf = |d: i64| Tensor::randn([2, 3, l, d], f).set_requires_grad(true);
+        let (q, k, v) = (leaf(4), leaf(4), leaf(6));
+        let outside = lag.lt(0).logical_or(&lag.ge(w));
+        let want = (q.matmul(&k.transpose(-1, -2)) / 2.0)
+            .masked_fill(&outside, f64::NEG_INFINITY)
+            .softmax(-1, None)
+            .matmul(&v);
+        let got = banded_attention(&q, &k, &v, w, block);
+        assert_eq!(got.size(), want.size());
+        assert!(rel(&got, &want) < 1e-5, "window {w}, block {block}");
+        // the same gradients for a random loss weight
+        let wt = Tensor::randn(want.size(), f);
+        let grads = |out: &Tensor| {
+            Tensor::run_backward(&[(out * &wt).sum(Kind::Float)], &[&q, &k, &v], false, false)
+        };
+        for (a, b) in grads(&got).iter().zip(grads(&want).iter()) {
+            assert!(rel(a, b) < 1e-5, "gradient, window {w}, block {block}");
+        }
+    }
+}
+
+#[test]
 fn window_attention_is_banded_softmax_in_any_pieces() {
     use super::transformer::{ring_attention, window_attention, KvRing, UNBOUNDED};
     tch::manual_seed(11);

@@ -985,7 +985,9 @@ pub(crate) const UNBOUNDED: i64 = i64::MAX;
 /// -> (B, h, L, Dv). `cache` holds the keys and values of positions just
 /// before the first query, oldest first (any number: those window or more
 /// back are masked out), and is replaced by the last (at most window - 1)
-/// positions, those the next call needs. Queries go in blocks of `window`, each against
+/// positions, those the next call needs. Without a cache, a window that covers the
+/// whole call is libtorch's fused causal attention, and a shorter one is
+/// [`banded_attention`]; with one, queries go in blocks of `window`, each against
 /// at most 2 window - 1 keys: O(L window) time and memory at any length.
 /// With `window` = [`UNBOUNDED`] it is plain causal softmax attention, and the
 /// cache keeps every position.
@@ -1004,6 +1006,9 @@ pub(crate) fn window_attention(
         return Tensor::scaled_dot_product_attention::<Tensor>(
             q, k, v, None, 0.0, true, None, false,
         );
+    }
+    if cache.is_none() {
+        return banded_attention(q, k, v, window, BAND_BLOCK);
     }
     let (kp, vp) = match &cache {
         Some((ck, cv)) => (Tensor::cat(&[&**ck, k], 2), Tensor::cat(&[&**cv, v], 2)),
@@ -1052,6 +1057,53 @@ pub(crate) fn window_attention(
     } else {
         Tensor::cat(&outs, 2)
     }
+}
+
+/// Queries per block of [`banded_attention`] (at most the window). A block of
+/// `BAND_BLOCK` queries computes `BAND_BLOCK * ceil((window - 1) / BAND_BLOCK) + BAND_BLOCK`
+/// scores per query where `window` are needed: at window 512, 640 where blocks of 512
+/// compute 1,024. Measured at window 512 (shipped shape, training step): blocks of 128
+/// took 9% off at L = 2,048 (batch 8) and 7% at 16,384 (batch 2) against blocks of
+/// `window` sliced with `narrow`; blocks of 64 and 256 were no better.
+pub(crate) const BAND_BLOCK: i64 = 128;
+
+/// [`window_attention`] without a cache and with a window shorter than the call: the
+/// queries in blocks of `c = min(block, window)` positions, each block against its own keys
+/// and those of the `ceil((window - 1) / c)` blocks before it, masked to the band.
+/// The blocks are `split` off q, k and v (views, whose backward is one concatenation):
+/// slicing each block's keys out of the whole sequence with `narrow` instead would
+/// give every block a backward that zero-fills a gradient of the whole sequence, O(L^2 / c)
+/// work in all, which made the step 7% slower at L = 16,384.
+pub(crate) fn banded_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    window: i64,
+    block: i64,
+) -> Tensor {
+    let dk = q.size()[3];
+    let dev = q.device();
+    let c = block.min(window).max(1);
+    let back = ((window - 1 + c - 1) / c) as usize; // earlier key blocks a query block reaches
+    let (qs, ks, vs) = (q.split(c, 2), k.split(c, 2), v.split(c, 2));
+    let outs: Vec<Tensor> = (0..qs.len())
+        .map(|j| {
+            let j0 = j.saturating_sub(back);
+            let (keys, vals) = (Tensor::cat(&ks[j0..=j], 2), Tensor::cat(&vs[j0..=j], 2));
+            // lag of key t behind query i, in positions; allowed: 0 <= lag < window
+            let (first_q, first_k) = (j as i64 * c, j0 as i64 * c);
+            let (n, kn) = (qs[j].size()[2], keys.size()[2]);
+            let qi = Tensor::arange_start(first_q, first_q + n, (Kind::Int64, dev)).unsqueeze(1);
+            let kt = Tensor::arange_start(first_k, first_k + kn, (Kind::Int64, dev)).unsqueeze(0);
+            let lag = qi - kt;
+            let outside = lag.lt(0).logical_or(&lag.ge(window));
+            (qs[j].matmul(&keys.transpose(-1, -2)) / (dk as f64).sqrt())
+                .masked_fill(&outside, f64::NEG_INFINITY)
+                .softmax(-1, None)
+                .matmul(&vals)
+        })
+        .collect();
+    Tensor::cat(&outs, 2)
 }
 
 /// The keys and values a local head still sees, for a batch that steps together: `k`
