@@ -12,8 +12,11 @@
 # both models fit in memory at 16,384.
 #
 # Needs scripts/reference/setup.sh (the PyTorch venv at runs/ref-venv).
+# BATCH fixes the batch of every row instead: with BATCH=2 the rows differ in
+# L only, which separates the cost of the length from that of the batch.
+#
 # Environment: LENS ["512 2048 4096 8192 16384"], STEPS [2: timed steps, at
-#              least 64k tokens' worth], THREADS [2],
+#              least 64k tokens' worth], THREADS [2], BATCH [by L, as above],
 #              LOCAL_HEADS [0; the shipped model: 2], LOCAL_WINDOW [128],
 #              LOCAL_POSITION [shared; the shipped model: rope],
 #              OUT [runs/bench-vs-pytorch].
@@ -34,6 +37,7 @@ res=$out/results.jsonl
 cargo bench -q --bench train_speed --no-run 2>/dev/null
 for L in $lens; do
   B=$(( 32768 / L )); [ $B -gt 8 ] && B=8; [ $B -lt 1 ] && B=1
+  [ -n "${BATCH:-}" ] && B=$BATCH
   # At least 64k timed tokens per row: short steps are noisy.
   n=$(( 65536 / (B * L) )); [ $n -lt $steps ] && n=$steps
   echo "L=$L batch=$B steps=$n" >&2
