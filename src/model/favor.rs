@@ -99,6 +99,86 @@ impl FavorFeatures {
     }
 }
 
+/// [`FavorFeatures`] as a host copy, for a generation step on the host.
+#[derive(Debug, Clone)]
+pub struct HostFeatures {
+    /// (n_dirs, dim) row-major.
+    proj: Vec<f32>,
+    dim: usize,
+    antithetic: bool,
+}
+
+impl FavorFeatures {
+    /// A host copy of the projection (f32).
+    pub fn host(&self) -> HostFeatures {
+        HostFeatures {
+            proj: Vec::<f32>::try_from(&self.proj.to_kind(Kind::Float).contiguous().view([-1]))
+                .expect("f32 projection"),
+            dim: self.proj.size()[1] as usize,
+            antithetic: self.antithetic,
+        }
+    }
+}
+
+impl HostFeatures {
+    /// Total number of features M.
+    pub fn num_features(&self) -> usize {
+        let n = self.proj.len() / self.dim;
+        if self.antithetic {
+            2 * n
+        } else {
+            n
+        }
+    }
+
+    /// [`FavorFeatures::features`] of one x (dim, already scaled) into out (M), by the same
+    /// steps: u = proj x, logits u - |x|^2 / 2 (and -u - |x|^2 / 2 when antithetic), less
+    /// their max for a query, exp, divided by sqrt(M).
+    pub fn phi(&self, x: &[f32], query: bool, out: &mut [f32]) {
+        let n = self.proj.len() / self.dim;
+        let sq = x.iter().map(|v| v * v).sum::<f32>() / 2.0;
+        for (j, row) in self.proj.chunks_exact(self.dim).enumerate() {
+            let u = crate::model::host_dot(x, row);
+            out[j] = u - sq;
+            if self.antithetic {
+                out[n + j] = -u - sq;
+            }
+        }
+        if query {
+            let max = out.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            out.iter_mut().for_each(|v| *v -= max);
+        }
+        let norm = (self.num_features() as f64).sqrt() as f32;
+        out.iter_mut().for_each(|v| *v = v.exp() / norm);
+    }
+}
+
+/// [`recurrent_step`] for one head of one sequence on the host, in place: s (M, Dv) +=
+/// phi_k v^T, z (M) += phi_k, then out (Dv) = phi_q^T s / (phi_q . z + EPS).
+pub fn host_recurrent_step(
+    phi_q: &[f32],
+    phi_k: &[f32],
+    v: &[f32],
+    s: &mut [f32],
+    z: &mut [f32],
+    out: &mut [f32],
+) {
+    let dv = v.len();
+    out.fill(0.0);
+    let mut den = 0f32;
+    for (m, row) in s.chunks_exact_mut(dv).enumerate() {
+        let (pk, pq) = (phi_k[m], phi_q[m]);
+        z[m] += pk;
+        den += pq * z[m];
+        for ((sv, &vv), o) in row.iter_mut().zip(v).zip(out.iter_mut()) {
+            *sv += pk * vv;
+            *o += pq * *sv;
+        }
+    }
+    let den = den + EPS as f32;
+    out.iter_mut().for_each(|o| *o /= den);
+}
+
 /// Rows of orthogonal blocks (QR of Gaussian blocks), rescaled by chi norms (row norms of `chi`).
 fn orthogonal_rows(g: &Tensor, chi: &Tensor, n: i64) -> Tensor {
     let (q, r) = Tensor::linalg_qr(g, "reduced"); // (blocks, dim, dim), orthonormal columns

@@ -215,6 +215,66 @@ impl SineFactors {
     }
 }
 
+/// [`SineFactors`] as host copies, for a generation step done on the host
+/// ([`SineFactors::host`], [`HostSine::code_at`]).
+#[derive(Debug, Clone)]
+pub struct HostSine {
+    /// (H, D, K) f64: frequencies in cycles per position.
+    cycles: Vec<f64>,
+    /// (H, D, K): phase offsets of the query side.
+    offsets: Vec<f32>,
+    /// (H, D, 2K, R): z times the gains, times (R D)^-1/4.
+    zg: Vec<f32>,
+    sines: usize,
+    realizations: usize,
+}
+
+impl SineFactors {
+    /// Host copies of the factors (CPU f32 parameters).
+    pub fn host(&self) -> HostSine {
+        let f32s = |t: &Tensor| {
+            Vec::<f32>::try_from(&t.to_kind(Kind::Float).contiguous().view([-1]))
+                .expect("f32 factors")
+        };
+        HostSine {
+            cycles: Vec::<f64>::try_from(&self.cycles.contiguous().view([-1])).expect("f64 cycles"),
+            offsets: f32s(&self.offsets),
+            zg: f32s(&self.zg),
+            sines: *self.cycles.size().last().expect("(1, H, D, K)") as usize,
+            realizations: *self.zg.size().last().expect("(H, D, 2K, R)") as usize,
+        }
+    }
+}
+
+impl HostSine {
+    /// The code of one position, (H, D, R): what [`SineSpe::codes_from`] gives for
+    /// `len` = 1, by the same steps (cycles in f64 reduced mod 1, then f32 phases), summed in
+    /// another order. `query` adds the offsets (qbar); keys take none (kbar).
+    pub fn code_at(&self, position: i64, query: bool) -> Vec<f32> {
+        let (k, r) = (self.sines, self.realizations);
+        let rows = self.cycles.len() / k; // H * D
+        let two_pi = (2.0 * PI) as f32;
+        let mut code = vec![0f32; rows * r];
+        for (row, out) in code.chunks_exact_mut(r).enumerate() {
+            for j in 0..k {
+                let cycles = (self.cycles[row * k + j] * position as f64).fract() as f32;
+                let mut phase = cycles * two_pi;
+                if query {
+                    phase += self.offsets[row * k + j];
+                }
+                let (sin, cos) = phase.sin_cos();
+                // z's 2K axis interleaves [cos_0, sin_0, cos_1, sin_1, ...]
+                let zc = &self.zg[(row * 2 * k + 2 * j) * r..][..r];
+                let zs = &self.zg[(row * 2 * k + 2 * j + 1) * r..][..r];
+                for ((o, &c), &s) in out.iter_mut().zip(zc).zip(zs) {
+                    *o += cos * c + sin * s;
+                }
+            }
+        }
+        code
+    }
+}
+
 /// Frequency logits whose periods 1/f (f = sigmoid(logit) / 2) are log-uniform between
 /// [`SPREAD_MIN_PERIOD`] and [`SPREAD_MAX_PERIOD`] tokens, drawn from torch's RNG.
 pub fn spread_freq_logits(shape: &[i64], kind: Kind, device: Device) -> Tensor {
@@ -432,6 +492,36 @@ impl GateFactors {
         GateFactors {
             a: self.a.shallow_clone(),
             xi_b: self.xi_b.shallow_clone(),
+        }
+    }
+}
+
+impl GateFactors {
+    /// Host copies (a (H, D), xi_b (H, D, R)) for a generation step on the host.
+    pub fn host(&self) -> (Vec<f32>, Vec<f32>) {
+        let f32s = |t: &Tensor| {
+            Vec::<f32>::try_from(&t.to_kind(Kind::Float).contiguous().view([-1])).expect("f32 gate")
+        };
+        (f32s(&self.a), f32s(&self.xi_b))
+    }
+}
+
+/// [`spe_filter_with`] for one query or key x (D) of one head on the host: out (R) =
+/// x code (D, R), or with a gate (a (D), xi_b (D, R)): (x a) code + x xi_b.
+pub fn host_filter(x: &[f32], code: &[f32], gate: Option<(&[f32], &[f32])>, out: &mut [f32]) {
+    let r = out.len();
+    out.fill(0.0);
+    for (d, &xd) in x.iter().enumerate() {
+        let row = &code[d * r..(d + 1) * r];
+        match gate {
+            None => out.iter_mut().zip(row).for_each(|(o, &c)| *o += xd * c),
+            Some((a, xi_b)) => {
+                let xa = xd * a[d];
+                let xi = &xi_b[d * r..(d + 1) * r];
+                for ((o, &c), &n) in out.iter_mut().zip(row).zip(xi) {
+                    *o += xa * c + xd * n;
+                }
+            }
         }
     }
 }

@@ -26,20 +26,23 @@
 // tensors that autograd or a caller still holds.
 #![allow(clippy::assign_op_pattern)]
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use tch::{nn, nn::Module, Device, Kind, Tensor};
 
-use crate::model::as_kind;
 use crate::model::config::{
     AttentionKind, LocalPosition, ModelConfig, PositionalEncoding, ROPE_BASE,
 };
-use crate::model::favor::{causal_linear_attention, recurrent_step, FavorFeatures};
+use crate::model::favor::{
+    causal_linear_attention, host_recurrent_step, recurrent_step, FavorFeatures, HostFeatures,
+};
 use crate::model::noise;
 use crate::model::spe::{
-    draw_xi, frozen_xi, spe_filter_with, ConvSpe, GateFactors, SineFactors, SineSpe, SpeCode,
+    draw_xi, frozen_xi, host_filter, spe_filter_with, ConvSpe, GateFactors, HostSine, SineFactors,
+    SineSpe, SpeCode,
 };
+use crate::model::{as_kind, host_dot};
 
 /// Seed of the noise/features a freshly built model is frozen with.
 pub const DEFAULT_SEED: u64 = 0;
@@ -127,6 +130,20 @@ struct StepCache {
     sine: Vec<Option<SineFactors>>,
     /// Per layer: the gate of the gated SPE filter with the frozen xi.
     gates: Vec<Option<GateFactors>>,
+    /// Host copies for [`host_favor_step`], where the model allows it
+    /// ([`Transformer::host_favor`]).
+    favor: Option<Arc<HostFavor>>,
+}
+
+/// What [`host_favor_step`] reads, as host copies of the frozen factors of the FAVOR+ heads.
+#[derive(Debug)]
+struct HostFavor {
+    /// Per SineSPE code (one when shared).
+    codes: Vec<HostSine>,
+    /// Per layer, with a gated filter: a (H', D) and xi_b (H', D, R).
+    gates: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    /// Per layer: the frozen FAVOR+ projection.
+    features: Vec<HostFeatures>,
 }
 
 impl StepCache {
@@ -142,6 +159,7 @@ impl StepCache {
                 .iter()
                 .map(|g| g.as_ref().map(GateFactors::share))
                 .collect(),
+            favor: self.favor.clone(),
         }
     }
 }
@@ -548,7 +566,7 @@ impl Transformer {
 
     /// The [`StepCache`] of the current weights and frozen noise.
     fn step_cache(&self) -> StepCache {
-        let sine = self
+        let sine: Vec<Option<SineFactors>> = self
             .codes
             .iter()
             .enumerate()
@@ -563,7 +581,7 @@ impl Transformer {
                 SpeCode::Conv(_) => None,
             })
             .collect();
-        let gates = self
+        let gates: Vec<Option<GateFactors>> = self
             .blocks
             .iter()
             .enumerate()
@@ -573,7 +591,47 @@ impl Transformer {
                     .map(|g| GateFactors::new(g, &self.frozen.xi[i]))
             })
             .collect();
-        StepCache { sine, gates }
+        let favor = self.host_favor(&sine, &gates).map(Arc::new);
+        StepCache { sine, gates, favor }
+    }
+
+    /// The host copies of [`host_favor_step`], for a model that it can step: FAVOR+ heads
+    /// filtered by SineSPE codes, f32 on the CPU, and local heads (if any) with RoPE, which
+    /// [`host_ring_step`] runs on the host too.
+    fn host_favor(
+        &self,
+        sine: &[Option<SineFactors>],
+        gates: &[Option<GateFactors>],
+    ) -> Option<HostFavor> {
+        let cfg = &self.cfg;
+        let hl = cfg.local_heads;
+        let ok = self.device == Device::Cpu
+            && self.param_kind() == Kind::Float
+            && matches!(cfg.attention, AttentionKind::Favor { .. })
+            && matches!(cfg.positional, PositionalEncoding::SpeSine { .. })
+            && hl < cfg.n_heads
+            && (hl == 0 || cfg.local_position == LocalPosition::Rope)
+            && cfg.short_conv == 0;
+        if !ok {
+            return None;
+        }
+        let (h0, n) = self.spe_heads();
+        Some(HostFavor {
+            codes: sine
+                .iter()
+                .map(|f| f.as_ref().map(SineFactors::host))
+                .collect::<Option<_>>()?,
+            gates: gates
+                .iter()
+                .map(|g| g.as_ref().map(|g| g.heads(h0, n).host()))
+                .collect(),
+            features: self
+                .frozen
+                .features
+                .iter()
+                .map(FavorFeatures::host)
+                .collect(),
+        })
     }
 
     fn check_state(&self, state: &RecurrentState, batch: i64) {
@@ -733,7 +791,33 @@ impl Transformer {
         }
         x = dropout(x, p, train);
 
-        let codes = self.window_codes(offset, l, mode, &mut state);
+        let (h0, _) = self.spe_heads();
+        let rope = h0 > 0;
+        let host_step =
+            rope && mode == Mode::Step && self.device == Device::Cpu && kind == Kind::Float;
+        // A CPU f32 generation step of a SineSPE FAVOR+ model runs its FAVOR+ heads on the
+        // host (host_favor_step), with this position's codes formed there too, when its
+        // local heads (if any) run there as well: then no layer needs the libtorch codes.
+        let host_favor = match (mode, state.as_deref()) {
+            (Mode::Step, Some(st))
+                if cfg.local_heads == 0
+                    || (host_step && st.windows.iter().flatten().all(host_step_ok)) =>
+            {
+                st.cache.favor.clone()
+            }
+            _ => None,
+        };
+        let host_codes: Vec<(Vec<f32>, Vec<f32>)> = host_favor.as_deref().map_or(vec![], |hf| {
+            hf.codes
+                .iter()
+                .map(|c| (c.code_at(offset, true), c.code_at(offset, false)))
+                .collect()
+        });
+        let codes = if host_favor.is_some() {
+            vec![]
+        } else {
+            self.window_codes(offset, l, mode, &mut state)
+        };
         let shared = self.codes.len() == 1;
         let r = cfg.positional.realizations();
 
@@ -763,10 +847,6 @@ impl Transformer {
         // RoPE local heads (heads 0..h0, the ones SPE does not filter): a CPU generation
         // step runs them on the host (host_ring_step); otherwise the angles of this call's
         // positions, shared by every layer, are formed once, when a layer first needs them.
-        let (h0, _) = self.spe_heads();
-        let rope = h0 > 0;
-        let host_step =
-            rope && mode == Mode::Step && self.device == Device::Cpu && kind == Kind::Float;
         let mut rope_tabs: Option<(Tensor, Tensor)> = None;
 
         for (i, blk) in self.blocks.iter().enumerate() {
@@ -794,51 +874,13 @@ impl Transformer {
                     .is_some_and(host_step_ok);
             // RoPE local heads take their own queries and keys; SPE filters heads h0..h: only
             // the FAVOR+ heads then, every head otherwise (the local ones taken from it below).
-            let rope_qk = (rope && !on_host).then(|| {
-                let t = rope_tabs.get_or_insert_with(|| rope_tables(offset, l, hd, self.device));
-                (
-                    apply_rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
-                    apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
-                )
-            });
-            let (q, k) = if h0 > 0 {
-                (q.narrow(2, h0, h - h0), k.narrow(2, h0, h - h0))
-            } else {
-                (q, k)
-            };
-            let (qa, ka) = if let Some(rr) = r {
-                let (qbar, kbar) = &codes[if shared { 0 } else { i }];
-                let gate = blk.gate.as_ref().map(|g| match mode {
-                    Mode::Train => GateFactors::new(g, &draw_xi(h, hd, rr, kind, self.device)),
-                    Mode::Step => state
-                        .as_deref()
-                        .and_then(|s| s.cache.gates[i].as_ref())
-                        .expect("gate step factors")
-                        .share(),
-                    Mode::Eval => GateFactors::new(g, &self.frozen.xi[i]),
-                });
-                let gate = gate.map(|g| g.heads(h0, h - h0));
-                // (the codes are those of heads h0..h already: see window_codes)
-                (
-                    spe_filter_with(&q, qbar, gate.as_ref()),
-                    spe_filter_with(&k, kbar, gate.as_ref()),
-                )
-            } else {
-                (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
-            };
-            let dk = qa.size()[3];
-            // the local heads first, over their window; FAVOR+ for the rest
-            let local = (hl > 0).then(|| {
-                let ring = state.as_deref_mut().map(|s| {
-                    s.windows[i]
-                        .as_mut()
-                        .expect("a state begun by this model has a window per layer")
-                });
-                if on_host {
-                    let rows = Vec::<f32>::try_from(&qkv.contiguous().view([-1]))
-                        .expect("f32 projections on the CPU");
-                    let ring = ring.expect("on_host: checked above");
-                    return host_ring_step(
+            let att = if let Some(hf) = host_favor.as_deref() {
+                let rows = Vec::<f32>::try_from(&qkv.contiguous().view([-1]))
+                    .expect("f32 projections on the CPU");
+                let st = state.as_deref_mut().expect("a step has a state");
+                let local = (hl > 0).then(|| {
+                    let ring = st.windows[i].as_mut().expect("on_host: checked above");
+                    host_ring_step(
                         &rows,
                         b as usize,
                         hl as usize,
@@ -846,96 +888,174 @@ impl Transformer {
                         hd as usize,
                         offset,
                         ring,
-                    );
-                }
-                let (lq, lk) = match &rope_qk {
-                    Some((lq, lk)) => (lq.shallow_clone(), lk.shallow_clone()),
-                    None => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
+                    )
+                });
+                let LayerState::Favor { s, z } = &mut st.layers[i] else {
+                    unreachable!("state/attention mismatch")
                 };
-                let (lq, lk, lv) = (
-                    as_kind(&lq, Kind::Float),
-                    as_kind(&lk, Kind::Float),
-                    as_kind(&v.narrow(1, 0, hl), Kind::Float),
+                let code = &host_codes[if hf.codes.len() == 1 { 0 } else { i }];
+                let favor = host_favor_step(
+                    &rows,
+                    b as usize,
+                    hl as usize,
+                    h as usize,
+                    hd as usize,
+                    hf,
+                    i,
+                    code,
+                    s,
+                    z,
                 );
-                let out = match ring {
-                    Some(ring) => ring_attention(&lq, &lk, &lv, ring),
-                    None => window_attention(&lq, &lk, &lv, cfg.local_window, None),
-                };
-                as_kind(&out, kind)
-            });
-            // the FAVOR+ heads hl..h: qa and ka start at head h0
-            let (qa, ka, v) = if hl > 0 {
-                (
-                    qa.narrow(1, hl - h0, h - hl),
-                    ka.narrow(1, hl - h0, h - hl),
-                    v.narrow(1, hl, h - hl),
-                )
+                match local {
+                    Some(l) => Tensor::cat(&[&l, &favor], 1),
+                    None => favor,
+                }
             } else {
-                (qa, ka, v)
-            };
-            let lstate = state.as_deref_mut().map(|s| &mut s.layers[i]);
-            let att = match &cfg.attention {
-                AttentionKind::Favor { .. } if hl == h => local.expect("local heads"),
-                AttentionKind::Favor { .. } => {
-                    let feats = match &train_guard {
-                        Some(g) => &g[i],
-                        None => &self.frozen.features[i],
-                    };
-                    let sc = (dk as f64).powf(-0.25);
-                    let pq = feats.features(&(&qa * sc), true);
-                    let pk = feats.features(&(&ka * sc), false);
-                    let vf = as_kind(&v, Kind::Float);
-                    let out = match lstate {
-                        Some(LayerState::Favor { s, z }) => {
-                            if mode == Mode::Step {
-                                let (o, s2, z2) = recurrent_step(
-                                    &pq.squeeze_dim(2),
-                                    &pk.squeeze_dim(2),
-                                    &vf.squeeze_dim(2),
-                                    s,
-                                    z,
-                                );
-                                *s = s2;
-                                *z = z2;
-                                o.unsqueeze(2)
-                            } else {
-                                let (o, s2, z2) = causal_linear_attention(
-                                    &pq,
-                                    &pk,
-                                    &vf,
-                                    cfg.chunk_size,
-                                    Some((s, z)),
-                                );
-                                *s = s2;
-                                *z = z2;
-                                o
-                            }
-                        }
-                        Some(_) => unreachable!("state/attention mismatch"),
-                        None => causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, None).0,
-                    };
-                    let out = as_kind(&out, kind);
-                    match local {
-                        Some(l) => Tensor::cat(&[&l, &out], 1),
-                        None => out,
+                let rope_qk = (rope && !on_host).then(|| {
+                    let t =
+                        rope_tabs.get_or_insert_with(|| rope_tables(offset, l, hd, self.device));
+                    (
+                        apply_rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
+                        apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
+                    )
+                });
+                let (q, k) = if h0 > 0 {
+                    (q.narrow(2, h0, h - h0), k.narrow(2, h0, h - h0))
+                } else {
+                    (q, k)
+                };
+                let (qa, ka) = if let Some(rr) = r {
+                    let (qbar, kbar) = &codes[if shared { 0 } else { i }];
+                    let gate = blk.gate.as_ref().map(|g| match mode {
+                        Mode::Train => GateFactors::new(g, &draw_xi(h, hd, rr, kind, self.device)),
+                        Mode::Step => state
+                            .as_deref()
+                            .and_then(|s| s.cache.gates[i].as_ref())
+                            .expect("gate step factors")
+                            .share(),
+                        Mode::Eval => GateFactors::new(g, &self.frozen.xi[i]),
+                    });
+                    let gate = gate.map(|g| g.heads(h0, h - h0));
+                    // (the codes are those of heads h0..h already: see window_codes)
+                    (
+                        spe_filter_with(&q, qbar, gate.as_ref()),
+                        spe_filter_with(&k, kbar, gate.as_ref()),
+                    )
+                } else {
+                    (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
+                };
+                let dk = qa.size()[3];
+                // the local heads first, over their window; FAVOR+ for the rest
+                let local = (hl > 0).then(|| {
+                    let ring = state.as_deref_mut().map(|s| {
+                        s.windows[i]
+                            .as_mut()
+                            .expect("a state begun by this model has a window per layer")
+                    });
+                    if on_host {
+                        let rows = Vec::<f32>::try_from(&qkv.contiguous().view([-1]))
+                            .expect("f32 projections on the CPU");
+                        let ring = ring.expect("on_host: checked above");
+                        return host_ring_step(
+                            &rows,
+                            b as usize,
+                            hl as usize,
+                            d as usize,
+                            hd as usize,
+                            offset,
+                            ring,
+                        );
                     }
-                }
-                // exact softmax over every earlier position: a window without bound
-                AttentionKind::Softmax => {
-                    let cache = match lstate {
-                        Some(LayerState::Softmax { k, v }) => Some((k, v)),
-                        Some(_) => unreachable!("state/attention mismatch"),
-                        None => None,
+                    let (lq, lk) = match &rope_qk {
+                        Some((lq, lk)) => (lq.shallow_clone(), lk.shallow_clone()),
+                        None => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
                     };
-                    let out = window_attention(
-                        &as_kind(&qa, Kind::Float),
-                        &as_kind(&ka, Kind::Float),
-                        &as_kind(&v, Kind::Float),
-                        UNBOUNDED,
-                        cache,
+                    let (lq, lk, lv) = (
+                        as_kind(&lq, Kind::Float),
+                        as_kind(&lk, Kind::Float),
+                        as_kind(&v.narrow(1, 0, hl), Kind::Float),
                     );
+                    let out = match ring {
+                        Some(ring) => ring_attention(&lq, &lk, &lv, ring),
+                        None => window_attention(&lq, &lk, &lv, cfg.local_window, None),
+                    };
                     as_kind(&out, kind)
-                }
+                });
+                // the FAVOR+ heads hl..h: qa and ka start at head h0
+                let (qa, ka, v) = if hl > 0 {
+                    (
+                        qa.narrow(1, hl - h0, h - hl),
+                        ka.narrow(1, hl - h0, h - hl),
+                        v.narrow(1, hl, h - hl),
+                    )
+                } else {
+                    (qa, ka, v)
+                };
+                let lstate = state.as_deref_mut().map(|s| &mut s.layers[i]);
+                let att = match &cfg.attention {
+                    AttentionKind::Favor { .. } if hl == h => local.expect("local heads"),
+                    AttentionKind::Favor { .. } => {
+                        let feats = match &train_guard {
+                            Some(g) => &g[i],
+                            None => &self.frozen.features[i],
+                        };
+                        let sc = (dk as f64).powf(-0.25);
+                        let pq = feats.features(&(&qa * sc), true);
+                        let pk = feats.features(&(&ka * sc), false);
+                        let vf = as_kind(&v, Kind::Float);
+                        let out = match lstate {
+                            Some(LayerState::Favor { s, z }) => {
+                                if mode == Mode::Step {
+                                    let (o, s2, z2) = recurrent_step(
+                                        &pq.squeeze_dim(2),
+                                        &pk.squeeze_dim(2),
+                                        &vf.squeeze_dim(2),
+                                        s,
+                                        z,
+                                    );
+                                    *s = s2;
+                                    *z = z2;
+                                    o.unsqueeze(2)
+                                } else {
+                                    let (o, s2, z2) = causal_linear_attention(
+                                        &pq,
+                                        &pk,
+                                        &vf,
+                                        cfg.chunk_size,
+                                        Some((s, z)),
+                                    );
+                                    *s = s2;
+                                    *z = z2;
+                                    o
+                                }
+                            }
+                            Some(_) => unreachable!("state/attention mismatch"),
+                            None => causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, None).0,
+                        };
+                        let out = as_kind(&out, kind);
+                        match local {
+                            Some(l) => Tensor::cat(&[&l, &out], 1),
+                            None => out,
+                        }
+                    }
+                    // exact softmax over every earlier position: a window without bound
+                    AttentionKind::Softmax => {
+                        let cache = match lstate {
+                            Some(LayerState::Softmax { k, v }) => Some((k, v)),
+                            Some(_) => unreachable!("state/attention mismatch"),
+                            None => None,
+                        };
+                        let out = window_attention(
+                            &as_kind(&qa, Kind::Float),
+                            &as_kind(&ka, Kind::Float),
+                            &as_kind(&v, Kind::Float),
+                            UNBOUNDED,
+                            cache,
+                        );
+                        as_kind(&out, kind)
+                    }
+                };
+                att
             };
             let att = att.permute([0, 2, 1, 3]).reshape([b, l, d]).apply(&blk.out);
             x = x + dropout(att, p, train);
@@ -1304,7 +1424,7 @@ pub(crate) fn host_ring_step(
             vb[base + slot * dim..base + (slot + 1) * dim].copy_from_slice(at(2));
             let keys = &kb[base..base + held * dim];
             for (sc, key) in scores.iter_mut().zip(keys.chunks_exact(dim)) {
-                *sc = dot(&q, key) / scale;
+                *sc = host_dot(&q, key) / scale;
             }
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let mut sum = 0f32;
@@ -1327,31 +1447,90 @@ pub(crate) fn host_ring_step(
     Tensor::from_slice(&out).view([batch as i64, hl as i64, 1, dim as i64])
 }
 
+/// A generation step of the FAVOR+ heads (hl..h) done on the host, in one pass per layer,
+/// instead of some forty small libtorch calls (SPE filter with its gate, feature maps,
+/// state update): the same math as [`spe_filter_with`], [`FavorFeatures::features`] and
+/// [`recurrent_step`], in f32, summed in another order. `qkv` is the layer's projection for
+/// this position, (B, 3 * H * D) rows; `code` is this position's (qbar, kbar) of the FAVOR+
+/// heads, each (H', D, R). The state s (B, H', M, D) and z (B, H', M) is updated in place
+/// (made contiguous first if it is not). Returns the outputs (B, H', 1, D).
+#[allow(clippy::too_many_arguments)]
+fn host_favor_step(
+    qkv: &[f32],
+    batch: usize,
+    hl: usize,
+    h: usize,
+    dim: usize,
+    host: &HostFavor,
+    layer: usize,
+    code: &(Vec<f32>, Vec<f32>),
+    s: &mut Tensor,
+    z: &mut Tensor,
+) -> Tensor {
+    let hf = h - hl;
+    let d_model = h * dim;
+    let r = code.0.len() / (hf * dim);
+    let feats = &host.features[layer];
+    let m = feats.num_features();
+    for t in [&mut *s, &mut *z] {
+        if !t.is_contiguous() {
+            *t = t.contiguous();
+        }
+    }
+    assert!(
+        s.kind() == Kind::Float
+            && z.kind() == Kind::Float
+            && s.numel() == batch * hf * m * dim
+            && z.numel() == batch * hf * m,
+        "FAVOR+ state of another shape"
+    );
+    // SAFETY: contiguous f32 CPU tensors of the sizes checked above, owned by the state
+    // being stepped (no other Rust reference to their storage lives while these do), and
+    // distinct tensors.
+    let (sb, zb) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(s.data_ptr() as *mut f32, batch * hf * m * dim),
+            std::slice::from_raw_parts_mut(z.data_ptr() as *mut f32, batch * hf * m),
+        )
+    };
+    // queries and keys enter the features scaled by dk^-1/4, dk = R
+    let sc = (r as f64).powf(-0.25) as f32;
+    let (mut xq, mut xk) = (vec![0f32; r], vec![0f32; r]);
+    let (mut pq, mut pk) = (vec![0f32; m], vec![0f32; m]);
+    let mut out = vec![0f32; batch * hf * dim];
+    for b in 0..batch {
+        let row = &qkv[b * 3 * d_model..(b + 1) * 3 * d_model];
+        for j in 0..hf {
+            let head = hl + j;
+            let at = |part: usize| &row[part * d_model + head * dim..][..dim];
+            let gate = host.gates[layer]
+                .as_ref()
+                .map(|(a, xi)| (&a[j * dim..][..dim], &xi[j * dim * r..][..dim * r]));
+            host_filter(at(0), &code.0[j * dim * r..][..dim * r], gate, &mut xq);
+            host_filter(at(1), &code.1[j * dim * r..][..dim * r], gate, &mut xk);
+            xq.iter_mut().chain(xk.iter_mut()).for_each(|x| *x *= sc);
+            feats.phi(&xq, true, &mut pq);
+            feats.phi(&xk, false, &mut pk);
+            let st = b * hf + j;
+            host_recurrent_step(
+                &pq,
+                &pk,
+                at(2),
+                &mut sb[st * m * dim..][..m * dim],
+                &mut zb[st * m..][..m],
+                &mut out[st * dim..][..dim],
+            );
+        }
+    }
+    Tensor::from_slice(&out).view([batch as i64, hf as i64, 1, dim as i64])
+}
+
 /// Whether [`host_ring_step`] may work on `ring`'s storage in place.
 pub(crate) fn host_step_ok(ring: &KvRing) -> bool {
     [&ring.k, &ring.v]
         .iter()
         .all(|t| t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous())
         && ring.k.size() == ring.v.size()
-}
-
-/// Dot product in eight lanes, which the compiler turns into vector instructions (a plain
-/// sum of f32 products must keep its order and stays scalar).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// Rotary position embedding of `x` (B, H, L, D), D even, at absolute positions
