@@ -12,7 +12,9 @@
 //! Random tokens (the cost does not depend on the ids). One untimed warm-up
 //! step, then `--steps` timed ones. Prints one JSON line: the mean seconds
 //! per step, tokens per second (batch x len / seconds) and the process's peak
-//! resident memory (VmHWM; run one configuration per process to read it).
+//! resident memory (VmHWM; run one configuration per process to read it),
+//! and the mean milliseconds of each phase (forward with the loss, backward,
+//! clipping, update with zeroing the gradients).
 
 use std::time::Instant;
 
@@ -122,21 +124,33 @@ fn main() {
     let model = Transformer::new(&vs.root(), &cfg).unwrap();
     let mut opt = AdamW::new(vs.variables(), 0.9, 0.98, 1e-8, 0.01);
     let base = vm_mb("VmRSS:");
+    // seconds of each phase: forward with the loss, backward, clipping, update
     let mut step = || {
         let batch =
             Tensor::randint_low(1, o.vocab, [o.batch, o.len + 1], (Kind::Int64, Device::Cpu));
         let t0 = Instant::now();
         let loss = lm_loss(&model, &batch, true);
+        let t1 = Instant::now();
         loss.backward();
+        let t2 = Instant::now();
         opt.clip_grad_norm(1.0);
+        let t3 = Instant::now();
         opt.update(1e-4);
         opt.zero_grad();
-        t0.elapsed().as_secs_f64()
+        let t4 = Instant::now();
+        [t1 - t0, t2 - t1, t3 - t2, t4 - t3].map(|d| d.as_secs_f64())
     };
     step();
-    let secs: f64 = (0..o.steps).map(|_| step()).sum::<f64>() / o.steps.max(1) as f64;
+    let mut phases = [0f64; 4];
+    for _ in 0..o.steps {
+        for (p, t) in phases.iter_mut().zip(step()) {
+            *p += t / o.steps.max(1) as f64;
+        }
+    }
+    let secs: f64 = phases.iter().sum();
+    let ms = phases.map(|p| p * 1e3);
     println!(
-        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"local_heads\":{},\"local_window\":{},\"local_position\":\"{}\",\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1}}}",
+        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"local_heads\":{},\"local_window\":{},\"local_position\":\"{}\",\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1},\"forward_ms\":{:.1},\"backward_ms\":{:.1},\"clip_ms\":{:.1},\"update_ms\":{:.1}}}",
         o.attention,
         o.positional,
         o.local_heads,
@@ -149,6 +163,10 @@ fn main() {
         secs,
         (o.batch * o.len) as f64 / secs,
         base,
-        vm_mb("VmHWM:")
+        vm_mb("VmHWM:"),
+        ms[0],
+        ms[1],
+        ms[2],
+        ms[3]
     );
 }
