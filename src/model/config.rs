@@ -177,9 +177,12 @@ impl ModelConfig {
     /// `tiny` (tests), `small` (a CPU-trainable model), `base` (the SPE paper's pop-piano model).
     /// All use FAVOR+ attention and gated, shared SineSPE.
     pub fn preset(name: &str, vocab_size: i64) -> Result<ModelConfig> {
+        // chunk: the `small` model's training step was 3% faster at L = 512 with chunks of 64
+        // than of 128 (four alternations), the same at 2,048 and 16,384; its shipped
+        // checkpoint keeps the 128 it was trained with (the result is the same either way).
         let (d_model, n_layers, n_heads, d_ff, features, dropout, chunk) = match name {
             "tiny" => (64, 2, 4, 128, 32, 0.0, 64),
-            "small" => (256, 4, 4, 1024, 64, 0.0, 128),
+            "small" => (256, 4, 4, 1024, 64, 0.0, 64),
             "base" => (512, 24, 8, 2048, 128, 0.1, 128),
             other => bail!(
                 "unknown model preset {other:?}; valid presets: {}",
