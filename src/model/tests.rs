@@ -75,6 +75,25 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_window = 6;
     c.local_position = LocalPosition::Rope;
     out.push(("spe-sine 2 rope local heads window 6", c));
+    // the host step of the FAVOR+ heads with per-layer codes, an antithetic projection
+    // and a gate per layer
+    let mut c = with("spe-sine");
+    c.positional = PositionalEncoding::SpeSine {
+        sines: 3,
+        realizations: 8,
+        gated: true,
+        shared: false,
+        freq_init: crate::model::config::FreqInit::Spread,
+    };
+    c.attention = AttentionKind::Favor {
+        features: 16,
+        antithetic: true,
+        redraw_prob: 0.0,
+    };
+    c.local_heads = 1;
+    c.local_window = 4;
+    c.local_position = LocalPosition::Rope;
+    out.push(("spe-sine gated per-layer antithetic, 1 rope local head", c));
     let mut c = with("spe-conv");
     c.local_heads = 1;
     c.local_window = 4;
@@ -224,6 +243,88 @@ fn state_copy_and_select(cfg: &ModelConfig) {
     assert!(rel(&b, &full.select(1, 10)) < 1e-4);
     let d = m.step(&toks.select(1, 10).index_select(0, &idx), &mut s2);
     assert!(rel(&d, &full.select(1, 10).index_select(0, &idx)) < 1e-4);
+}
+
+#[test]
+fn host_step_pieces_match_their_libtorch_forms() {
+    use crate::model::config::FreqInit;
+    use crate::model::favor::{host_recurrent_step, recurrent_step, FavorFeatures};
+    use crate::model::spe::{draw_xi, host_filter, spe_filter_with, GateFactors, SineSpe};
+    tch::manual_seed(21);
+    let f = (Kind::Float, Device::Cpu);
+    let (h, d, k, r) = (2i64, 8i64, 3i64, 4i64);
+    let host = |t: &Tensor| Vec::<f32>::try_from(&t.contiguous().view([-1])).unwrap();
+    let max_diff = |a: &[f32], b: &[f32]| {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let spe = SineSpe::new(&vs.root(), h, d, k, r, FreqInit::Spread);
+    tch::no_grad(|| {
+        spe.offsets
+            .shallow_clone()
+            .copy_(&Tensor::randn([h, d, k], f));
+        spe.gains
+            .shallow_clone()
+            .copy_(&Tensor::randn([h, d, k], f));
+    });
+    let factors = spe.factors(&spe.draw_z());
+    let hs = factors.host();
+    let gate = GateFactors::new(
+        &Tensor::randn([h, d], f),
+        &draw_xi(h, d, r, Kind::Float, Device::Cpu),
+    );
+    let (a, xi_b) = gate.host();
+    // a position far out, where the phases need their f64 cycles
+    for pos in [0i64, 7, 123_457] {
+        let (qbar, kbar) = tch::no_grad(|| spe.codes_from(&factors, pos, 1)); // (1, H, D, R)
+        let (cq, ck) = (hs.code_at(pos, true), hs.code_at(pos, false));
+        assert!(max_diff(&cq, &host(&qbar)) < 1e-5, "qbar at {pos}");
+        assert!(max_diff(&ck, &host(&kbar)) < 1e-5, "kbar at {pos}");
+        // the gated filter of one query (B = 1, L = 1)
+        let x = Tensor::randn([1, 1, h, d], f);
+        let want = host(&tch::no_grad(|| spe_filter_with(&x, &qbar, Some(&gate)))); // (1, H, 1, R)
+        let xs = host(&x);
+        for j in 0..h as usize {
+            let (du, ru) = (d as usize, r as usize);
+            let mut out = vec![0f32; ru];
+            let gj = (&a[j * du..][..du], &xi_b[j * du * ru..][..du * ru]);
+            host_filter(
+                &xs[j * du..][..du],
+                &cq[j * du * ru..][..du * ru],
+                Some(gj),
+                &mut out,
+            );
+            assert!(
+                max_diff(&out, &want[j * ru..][..ru]) < 1e-5,
+                "filter, head {j}"
+            );
+        }
+    }
+    // feature maps (plain and antithetic) and one recurrent step
+    for antithetic in [false, true] {
+        let feats = FavorFeatures::draw(16, r, antithetic, Device::Cpu);
+        let hf = feats.host();
+        let m = feats.num_features();
+        for query in [true, false] {
+            let x = Tensor::randn([r], f);
+            let mut out = vec![0f32; m as usize];
+            hf.phi(&host(&x), query, &mut out);
+            assert!(max_diff(&out, &host(&feats.features(&x, query))) < 1e-6);
+        }
+        let (pq, pk) = (Tensor::rand([1, 1, m], f), Tensor::rand([1, 1, m], f));
+        let v = Tensor::randn([1, 1, 5], f);
+        let (s0, z0) = (Tensor::rand([1, 1, m, 5], f), Tensor::rand([1, 1, m], f));
+        let (o, s1, z1) = recurrent_step(&pq, &pk, &v, &s0, &z0);
+        let (mut s, mut z, mut out) = (host(&s0), host(&z0), vec![0f32; 5]);
+        host_recurrent_step(&host(&pq), &host(&pk), &host(&v), &mut s, &mut z, &mut out);
+        assert!(max_diff(&out, &host(&o)) < 1e-5);
+        assert!(max_diff(&s, &host(&s1)) < 1e-6);
+        assert!(max_diff(&z, &host(&z1)) < 1e-6);
+    }
 }
 
 #[test]

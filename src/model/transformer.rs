@@ -656,6 +656,8 @@ impl Transformer {
 
     /// One token per sequence (B,) -> (B, V) logits; constant time and memory per token with
     /// FAVOR+ (the softmax reference uses a growing KV cache instead: linear in the position).
+    /// The state's tensors may be updated in place (a CPU f32 step does so): keep a
+    /// [`RecurrentState::copy`] to come back to a position, not a shallow clone of its tensors.
     pub fn step(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
         let b = tokens.size()[0];
         self.check_state(state, b);
@@ -800,8 +802,10 @@ impl Transformer {
         // local heads (if any) run there as well: then no layer needs the libtorch codes.
         let host_favor = match (mode, state.as_deref()) {
             (Mode::Step, Some(st))
-                if cfg.local_heads == 0
-                    || (host_step && st.windows.iter().flatten().all(host_step_ok)) =>
+                if self.device == Device::Cpu
+                    && kind == Kind::Float
+                    && (cfg.local_heads == 0
+                        || (host_step && st.windows.iter().flatten().all(host_step_ok))) =>
             {
                 st.cache.favor.clone()
             }
@@ -875,6 +879,7 @@ impl Transformer {
             // RoPE local heads take their own queries and keys; SPE filters heads h0..h: only
             // the FAVOR+ heads then, every head otherwise (the local ones taken from it below).
             let att = if let Some(hf) = host_favor.as_deref() {
+                debug_assert_eq!(l, 1, "a step is one position");
                 let rows = Vec::<f32>::try_from(&qkv.contiguous().view([-1]))
                     .expect("f32 projections on the CPU");
                 let st = state.as_deref_mut().expect("a step has a state");
@@ -1384,6 +1389,10 @@ pub(crate) fn host_ring_step(
 ) -> Tensor {
     debug_assert!(host_step_ok(ring));
     let slot = ring.take_slot() as usize;
+    if batch == 0 {
+        // (an empty tensor's data pointer may be null)
+        return Tensor::zeros([0, hl as i64, 1, dim as i64], (Kind::Float, Device::Cpu));
+    }
     let held = ring.len as usize;
     let cap = ring.capacity() as usize;
     let half = dim / 2;
@@ -1478,19 +1487,31 @@ fn host_favor_step(
         }
     }
     assert!(
-        s.kind() == Kind::Float
-            && z.kind() == Kind::Float
+        [&*s, &*z]
+            .iter()
+            .all(|t| t.device() == Device::Cpu && t.kind() == Kind::Float)
             && s.numel() == batch * hf * m * dim
             && z.numel() == batch * hf * m,
-        "FAVOR+ state of another shape"
+        "FAVOR+ state of another shape, kind or device"
     );
-    // SAFETY: contiguous f32 CPU tensors of the sizes checked above, owned by the state
-    // being stepped (no other Rust reference to their storage lives while these do), and
-    // distinct tensors.
+    let out_shape = [batch as i64, hf as i64, 1, dim as i64];
+    if batch == 0 {
+        // (an empty tensor's data pointer may be null)
+        return Tensor::zeros(out_shape, (Kind::Float, Device::Cpu));
+    }
+    let (sp, zp) = (s.data_ptr() as *mut f32, z.data_ptr() as *mut f32);
+    assert!(
+        sp.wrapping_add(s.numel()) <= zp || zp.wrapping_add(z.numel()) <= sp,
+        "FAVOR+ state tensors s and z share storage"
+    );
+    // SAFETY: contiguous f32 CPU tensors of the sizes checked above, not empty, whose
+    // storages do not overlap (checked above), owned by the state being stepped: a state
+    // begun, copied or selected holds tensors of its own, and a step updates them in place
+    // (no other Rust reference to their storage lives while these slices do).
     let (sb, zb) = unsafe {
         (
-            std::slice::from_raw_parts_mut(s.data_ptr() as *mut f32, batch * hf * m * dim),
-            std::slice::from_raw_parts_mut(z.data_ptr() as *mut f32, batch * hf * m),
+            std::slice::from_raw_parts_mut(sp, batch * hf * m * dim),
+            std::slice::from_raw_parts_mut(zp, batch * hf * m),
         )
     };
     // queries and keys enter the features scaled by dk^-1/4, dk = R
@@ -1522,7 +1543,7 @@ fn host_favor_step(
             );
         }
     }
-    Tensor::from_slice(&out).view([batch as i64, hf as i64, 1, dim as i64])
+    Tensor::from_slice(&out).view(out_shape)
 }
 
 /// Whether [`host_ring_step`] may work on `ring`'s storage in place.
