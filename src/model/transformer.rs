@@ -136,7 +136,6 @@ struct StepCache {
 }
 
 /// What [`host_favor_step`] reads, as host copies of the frozen factors of the FAVOR+ heads.
-#[derive(Debug)]
 struct HostFavor {
     /// Per SineSPE code (one when shared).
     codes: Vec<HostSine>,
@@ -1454,6 +1453,17 @@ pub(crate) fn host_ring_step(
         }
     }
     Tensor::from_slice(&out).view([batch as i64, hl as i64, 1, dim as i64])
+}
+
+impl std::fmt::Debug for HostFavor {
+    /// Sizes only: the copies hold tens of thousands of numbers.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostFavor")
+            .field("codes", &self.codes.len())
+            .field("layers", &self.features.len())
+            .field("gated", &self.gates.iter().any(Option::is_some))
+            .finish()
+    }
 }
 
 /// A generation step of the FAVOR+ heads (hl..h) done on the host, in one pass per layer,
