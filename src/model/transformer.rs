@@ -12,6 +12,12 @@
 //! (`local_position = "shared"`) or on their own queries and keys turned by RoPE
 //! (`"rope"`, [`rope`]; SPE then filters only the FAVOR+ heads).
 //!
+//! A generation step of a CPU f32 model runs its attention on the host where it can
+//! ([`host_ring_step`] for RoPE local heads, [`host_favor_step`] for SineSPE FAVOR+ heads),
+//! in one pass per layer and with the state updated in place; everything else (and every
+//! other device or dtype) goes through libtorch. Both paths give the same logits up to
+//! summation order, which the recurrence == parallel tests check for every variant.
+//!
 //! Noise policy:
 //! * `forward_t(train = true)`: fresh SPE noise (Z or conv noise, and every layer's gate xi)
 //!   from torch's global RNG at each call, shared across the batch; every layer's FAVOR+
