@@ -1130,20 +1130,16 @@ pub(crate) fn window_attention(
 ) -> Tensor {
     let l = q.size()[2];
     let dk = q.size()[3];
-    if cache.is_none() && l <= window {
-        // The window covers every earlier position: plain causal softmax, which libtorch
-        // fuses (no (L, L) mask or separate softmax kept for the backward pass).
-        return Tensor::scaled_dot_product_attention::<Tensor>(
-            q, k, v, None, 0.0, true, None, false,
-        );
-    }
-    if cache.is_none() {
-        return banded_attention(q, k, v, window, BAND_BLOCK);
-    }
-    let (kp, vp) = match &cache {
-        Some((ck, cv)) => (Tensor::cat(&[&**ck, k], 2), Tensor::cat(&[&**cv, v], 2)),
-        None => (k.shallow_clone(), v.shallow_clone()),
+    let Some((ck, cv)) = cache else {
+        return if l <= window {
+            // The window covers every earlier position: plain causal softmax, which libtorch
+            // fuses (no (L, L) mask or separate softmax kept for the backward pass).
+            Tensor::scaled_dot_product_attention::<Tensor>(q, k, v, None, 0.0, true, None, false)
+        } else {
+            banded_attention(q, k, v, window, BAND_BLOCK)
+        };
     };
+    let (kp, vp) = (Tensor::cat(&[&*ck, k], 2), Tensor::cat(&[&*cv, v], 2));
     let c = kp.size()[2] - l; // cached positions before the first query
     let dev = q.device();
     let mut outs = Vec::new();
@@ -1160,27 +1156,23 @@ pub(crate) fn window_attention(
         let scores = if n == 1 {
             scores
         } else {
-            // lag of key j behind query i, in positions; allowed: 0 <= lag < window
-            let qi = Tensor::arange_start(c + s, c + s + n, (Kind::Int64, dev)).unsqueeze(1);
-            let kj = Tensor::arange_start(k0, k0 + kn, (Kind::Int64, dev)).unsqueeze(0);
-            let lag = qi - kj;
-            let outside = lag.lt(0).logical_or(&lag.ge(window));
-            scores.masked_fill(&outside, f64::NEG_INFINITY)
+            scores.masked_fill(
+                &outside_band(c + s, n, k0, kn, window, dev),
+                f64::NEG_INFINITY,
+            )
         };
         outs.push(scores.softmax(-1, None).matmul(&vp.narrow(2, k0, kn)));
         s += n;
     }
-    if let Some((ck, cv)) = cache {
-        let total = kp.size()[2];
-        if window > total {
-            // everything stays: the concatenation is already a fresh tensor
-            *ck = kp;
-            *cv = vp;
-        } else {
-            let keep = window - 1;
-            *ck = kp.narrow(2, total - keep, keep).copy();
-            *cv = vp.narrow(2, total - keep, keep).copy();
-        }
+    let total = kp.size()[2];
+    if window > total {
+        // everything stays: the concatenation is already a fresh tensor
+        *ck = kp;
+        *cv = vp;
+    } else {
+        let keep = window - 1;
+        *ck = kp.narrow(2, total - keep, keep).copy();
+        *cv = vp.narrow(2, total - keep, keep).copy();
     }
     if outs.len() == 1 {
         outs.pop().expect("one block")
@@ -1220,13 +1212,8 @@ pub(crate) fn banded_attention(
         .map(|j| {
             let j0 = j.saturating_sub(back);
             let (keys, vals) = (Tensor::cat(&ks[j0..=j], 2), Tensor::cat(&vs[j0..=j], 2));
-            // lag of key t behind query i, in positions; allowed: 0 <= lag < window
-            let (first_q, first_k) = (j as i64 * c, j0 as i64 * c);
             let (n, kn) = (qs[j].size()[2], keys.size()[2]);
-            let qi = Tensor::arange_start(first_q, first_q + n, (Kind::Int64, dev)).unsqueeze(1);
-            let kt = Tensor::arange_start(first_k, first_k + kn, (Kind::Int64, dev)).unsqueeze(0);
-            let lag = qi - kt;
-            let outside = lag.lt(0).logical_or(&lag.ge(window));
+            let outside = outside_band(j as i64 * c, n, j0 as i64 * c, kn, window, dev);
             (qs[j].matmul(&keys.transpose(-1, -2)) / (dk as f64).sqrt())
                 .masked_fill(&outside, f64::NEG_INFINITY)
                 .softmax(-1, None)
@@ -1234,6 +1221,15 @@ pub(crate) fn banded_attention(
         })
         .collect();
     Tensor::cat(&outs, 2)
+}
+
+/// The (n, kn) mask of the scores that fall outside the window, for queries at positions
+/// first_q.. and keys at first_k..: the lag of key t behind query i must be 0 <= lag < window.
+fn outside_band(first_q: i64, n: i64, first_k: i64, kn: i64, window: i64, dev: Device) -> Tensor {
+    let qi = Tensor::arange_start(first_q, first_q + n, (Kind::Int64, dev)).unsqueeze(1);
+    let kt = Tensor::arange_start(first_k, first_k + kn, (Kind::Int64, dev)).unsqueeze(0);
+    let lag = qi - kt;
+    lag.lt(0).logical_or(&lag.ge(window))
 }
 
 /// The keys and values a local head still sees, for a batch that steps together: `k`
