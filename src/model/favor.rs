@@ -105,6 +105,8 @@ pub struct HostFeatures {
     /// (n_dirs, dim) row-major.
     proj: Vec<f32>,
     dim: usize,
+    /// M, as [`FavorFeatures::num_features`] counts them.
+    features: usize,
     antithetic: bool,
 }
 
@@ -112,9 +114,9 @@ impl FavorFeatures {
     /// A host copy of the projection (f32).
     pub fn host(&self) -> HostFeatures {
         HostFeatures {
-            proj: Vec::<f32>::try_from(&self.proj.to_kind(Kind::Float).contiguous().view([-1]))
-                .expect("f32 projection"),
+            proj: crate::model::host_f32(&self.proj),
             dim: self.proj.size()[1] as usize,
+            features: self.num_features() as usize,
             antithetic: self.antithetic,
         }
     }
@@ -123,12 +125,7 @@ impl FavorFeatures {
 impl HostFeatures {
     /// Total number of features M.
     pub fn num_features(&self) -> usize {
-        let n = self.proj.len() / self.dim;
-        if self.antithetic {
-            2 * n
-        } else {
-            n
-        }
+        self.features
     }
 
     /// [`FavorFeatures::features`] of one x (dim, already scaled) into out (M), by the same

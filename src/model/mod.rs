@@ -32,6 +32,12 @@ pub(crate) fn as_kind(t: &Tensor, kind: Kind) -> Tensor {
     }
 }
 
+/// The elements of `t`, in f32, as a host vector (for the host generation steps).
+pub(crate) fn host_f32(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(&as_kind(t, Kind::Float).contiguous().view([-1]))
+        .expect("a tensor that converts to f32 on the host")
+}
+
 /// Dot product in eight lanes, which the compiler turns into vector instructions (a plain
 /// sum of f32 products must keep its order and stays scalar).
 pub(crate) fn host_dot(a: &[f32], b: &[f32]) -> f32 {

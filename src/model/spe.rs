@@ -9,7 +9,7 @@ use std::f64::consts::PI;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::model::config::{FreqInit, SPREAD_MAX_PERIOD, SPREAD_MIN_PERIOD};
-use crate::model::noise;
+use crate::model::{host_f32, noise};
 
 /// Periodic SPE: learned sines per (head, feature).
 #[derive(Debug)]
@@ -232,14 +232,10 @@ pub struct HostSine {
 impl SineFactors {
     /// Host copies of the factors (CPU f32 parameters).
     pub fn host(&self) -> HostSine {
-        let f32s = |t: &Tensor| {
-            Vec::<f32>::try_from(&t.to_kind(Kind::Float).contiguous().view([-1]))
-                .expect("f32 factors")
-        };
         HostSine {
             cycles: Vec::<f64>::try_from(&self.cycles.contiguous().view([-1])).expect("f64 cycles"),
-            offsets: f32s(&self.offsets),
-            zg: f32s(&self.zg),
+            offsets: host_f32(&self.offsets),
+            zg: host_f32(&self.zg),
             sines: *self.cycles.size().last().expect("(1, H, D, K)") as usize,
             realizations: *self.zg.size().last().expect("(H, D, 2K, R)") as usize,
         }
@@ -499,10 +495,7 @@ impl GateFactors {
 impl GateFactors {
     /// Host copies (a (H, D), xi_b (H, D, R)) for a generation step on the host.
     pub fn host(&self) -> (Vec<f32>, Vec<f32>) {
-        let f32s = |t: &Tensor| {
-            Vec::<f32>::try_from(&t.to_kind(Kind::Float).contiguous().view([-1])).expect("f32 gate")
-        };
-        (f32s(&self.a), f32s(&self.xi_b))
+        (host_f32(&self.a), host_f32(&self.xi_b))
     }
 }
 

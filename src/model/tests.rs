@@ -253,7 +253,7 @@ fn host_step_pieces_match_their_libtorch_forms() {
     tch::manual_seed(21);
     let f = (Kind::Float, Device::Cpu);
     let (h, d, k, r) = (2i64, 8i64, 3i64, 4i64);
-    let host = |t: &Tensor| Vec::<f32>::try_from(&t.contiguous().view([-1])).unwrap();
+    let host = crate::model::host_f32;
     let max_diff = |a: &[f32], b: &[f32]| {
         assert_eq!(a.len(), b.len());
         a.iter()

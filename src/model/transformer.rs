@@ -48,7 +48,7 @@ use crate::model::spe::{
     draw_xi, frozen_xi, host_filter, spe_filter_with, ConvSpe, GateFactors, HostSine, SineFactors,
     SineSpe, SpeCode,
 };
-use crate::model::{as_kind, host_dot};
+use crate::model::{as_kind, host_dot, host_f32};
 
 /// Seed of the noise/features a freshly built model is frozen with.
 pub const DEFAULT_SEED: u64 = 0;
@@ -881,31 +881,31 @@ impl Transformer {
                     .as_deref()
                     .and_then(|s| s.windows[i].as_ref())
                     .is_some_and(host_step_ok);
-            // RoPE local heads take their own queries and keys; SPE filters heads h0..h: only
-            // the FAVOR+ heads then, every head otherwise (the local ones taken from it below).
+            // the layer's projections on the host, for the host steps
+            let rows = (on_host || host_favor.is_some()).then(|| host_f32(&qkv));
+            let host_local = |ring: &mut KvRing| {
+                let rows = rows.as_deref().expect("on_host: rows taken above");
+                host_ring_step(
+                    rows,
+                    b as usize,
+                    hl as usize,
+                    d as usize,
+                    hd as usize,
+                    offset,
+                    ring,
+                )
+            };
             let att = if let Some(hf) = host_favor.as_deref() {
                 debug_assert_eq!(l, 1, "a step is one position");
-                let rows = Vec::<f32>::try_from(&qkv.contiguous().view([-1]))
-                    .expect("f32 projections on the CPU");
                 let st = state.as_deref_mut().expect("a step has a state");
-                let local = (hl > 0).then(|| {
-                    let ring = st.windows[i].as_mut().expect("on_host: checked above");
-                    host_ring_step(
-                        &rows,
-                        b as usize,
-                        hl as usize,
-                        d as usize,
-                        hd as usize,
-                        offset,
-                        ring,
-                    )
-                });
+                let local = (hl > 0)
+                    .then(|| host_local(st.windows[i].as_mut().expect("on_host: checked above")));
                 let LayerState::Favor { s, z } = &mut st.layers[i] else {
                     unreachable!("state/attention mismatch")
                 };
                 let code = &host_codes[if hf.codes.len() == 1 { 0 } else { i }];
                 let favor = host_favor_step(
-                    &rows,
+                    rows.as_deref().expect("rows taken above"),
                     b as usize,
                     hl as usize,
                     h as usize,
@@ -921,6 +921,9 @@ impl Transformer {
                     None => favor,
                 }
             } else {
+                // RoPE local heads take their own queries and keys; SPE filters heads h0..h:
+                // only the FAVOR+ heads then, every head otherwise (the local ones taken from
+                // it below).
                 let rope_qk = (rope && !on_host).then(|| {
                     let t =
                         rope_tabs.get_or_insert_with(|| rope_tables(offset, l, hd, self.device));
@@ -963,18 +966,7 @@ impl Transformer {
                             .expect("a state begun by this model has a window per layer")
                     });
                     if on_host {
-                        let rows = Vec::<f32>::try_from(&qkv.contiguous().view([-1]))
-                            .expect("f32 projections on the CPU");
-                        let ring = ring.expect("on_host: checked above");
-                        return host_ring_step(
-                            &rows,
-                            b as usize,
-                            hl as usize,
-                            d as usize,
-                            hd as usize,
-                            offset,
-                            ring,
-                        );
+                        return host_local(ring.expect("on_host: checked above"));
                     }
                     let (lq, lk) = match &rope_qk {
                         Some((lq, lk)) => (lq.shallow_clone(), lk.shallow_clone()),
