@@ -301,7 +301,8 @@ fn tokenize_with_only_bad_inputs_fails() {
     // The path is named once: "skipped PATH: reason", not "PATH: PATH: reason".
     let junk = dir.join("junk.mid");
     assert_eq!(r.stderr.matches(s(&junk)).count(), 1, "{}", r.stderr);
-    assert!(!out.join(dataset::MANIFEST_FILE).exists());
+    // Nothing is left behind: not even the folder the run made.
+    assert!(!out.exists());
 }
 
 #[test]
@@ -345,6 +346,12 @@ fn tokenize_never_replaces_a_dataset_or_run_without_force() {
     assert_eq!(dataset::Dataset::open(&out).unwrap().pieces.len(), 2);
     let r = run_limited(&["tokenize", s(&one), "-o", s(&out), "--force"], 20.0);
     assert_eq!(r.code, 0, "{}", r.all());
+    assert_eq!(dataset::Dataset::open(&out).unwrap().pieces.len(), 1);
+    // A forced run that tokenizes nothing leaves the dataset there whole.
+    let junk = tmp.path().join("junk.mid");
+    std::fs::write(&junk, b"not a midi file").unwrap();
+    let r = run_limited(&["tokenize", s(&junk), "-o", s(&out), "--force"], 20.0);
+    assert_eq!(r.code, 1, "{}", r.all());
     assert_eq!(dataset::Dataset::open(&out).unwrap().pieces.len(), 1);
 
     // A run folder keeps its vocabulary.

@@ -273,6 +273,10 @@ pub fn inspect(a: InspectArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Files per chunk of `tokenize`: enough to keep every thread busy, few
+/// enough that a chunk's tokens are a few megabytes.
+const TOKENIZE_CHUNK: usize = 1024;
+
 pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     dataset::check_output_dir(&a.output, a.force)?;
@@ -294,20 +298,22 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
         .progress_chars("=> "),
     );
     let t0 = Instant::now();
-    let results =
-        pool.install(|| dataset::tokenize_files_with(&files, &vocab, &limits, &|| pb.inc(1)));
+    // Files are tokenized a chunk at a time (in parallel within a chunk) and
+    // their pieces written as they come, in input order: memory stays
+    // bounded by one chunk's tokens whatever the size of the corpus.
+    let mut writer = dataset::DatasetWriter::create(&a.output, &vocab)?;
+    for chunk in files.chunks(TOKENIZE_CHUNK) {
+        let results =
+            pool.install(|| dataset::tokenize_files_with(chunk, &vocab, &limits, &|| pb.inc(1)));
+        for ((path, rel), r) in chunk.iter().zip(results) {
+            writer.push(path, rel, r)?;
+        }
+    }
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
-    if results.iter().all(|r| !matches!(r, Ok(t) if t.notes > 0)) {
-        for ((p, _), r) in files.iter().zip(&results) {
-            match r {
-                Err(e) => eprintln!(
-                    "skipped {}: {}",
-                    p.display(),
-                    dataset::skip_reason(p, &format!("{e:#}"))
-                ),
-                Ok(_) => eprintln!("skipped {}: no notes", p.display()),
-            }
+    if writer.pieces() == 0 {
+        for s in writer.skipped() {
+            eprintln!("skipped {}: {}", s.path, s.reason);
         }
         bail!(
             "none of the {} input file(s) could be tokenized; no dataset written to {}",
@@ -315,7 +321,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
             a.output.display()
         );
     }
-    let m = dataset::write_dataset(&a.output, &vocab, &files, results)?;
+    let m = writer.finish()?;
     for s in &m.skipped {
         eprintln!("skipped {}: {}", s.path, s.reason);
     }

@@ -189,8 +189,11 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
     };
 
     // Absolute-time events of every track, merged in time order. Format 2 tracks
-    // are independent songs: play them one after another.
-    let mut events: Vec<(u64, usize, TrackEventKind)> = Vec::new();
+    // are independent songs: play them one after another. Only the events the
+    // score is made of are kept (controllers, bends, texts and the like are
+    // counted against the limit and dropped), 24 bytes each.
+    let mut events: Vec<Event> = Vec::new();
+    let mut seen = 0usize;
     let mut track_ends = Vec::new();
     let mut offset = 0u64;
     for (ti, track) in tracks.flatten().enumerate() {
@@ -198,16 +201,50 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
         let mut ended = false;
         for ev in track.map_while(|e| e.ok()) {
             tick += ev.delta.as_int() as u64;
-            if let TrackEventKind::Meta(MetaMessage::EndOfTrack) = ev.kind {
-                ended = true;
-            }
-            if events.len() == limits.max_events {
+            if seen == limits.max_events {
                 return Err(Fail::Limit(format!(
                     "more than {} MIDI events (raise the limit with --max-events)",
                     limits.max_events
                 )));
             }
-            events.push((tick, ti, ev.kind));
+            seen += 1;
+            let what = match ev.kind {
+                TrackEventKind::Midi { channel, message } => {
+                    let ch = channel.as_int();
+                    match message {
+                        MidiMessage::ProgramChange { program } => What::Program {
+                            ch,
+                            program: program.as_int(),
+                        },
+                        MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => What::On {
+                            ch,
+                            key: key.as_int(),
+                            vel: vel.as_int(),
+                        },
+                        MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
+                            What::Off {
+                                ch,
+                                key: key.as_int(),
+                            }
+                        }
+                        _ => continue,
+                    }
+                }
+                TrackEventKind::Meta(MetaMessage::Tempo(us)) => What::Tempo(us.as_int()),
+                TrackEventKind::Meta(MetaMessage::TimeSignature(num, den_pow, _, _)) => {
+                    What::TimeSig { num, den_pow }
+                }
+                TrackEventKind::Meta(MetaMessage::EndOfTrack) => {
+                    ended = true;
+                    continue;
+                }
+                _ => continue,
+            };
+            events.push(Event {
+                tick,
+                track: ti as u32,
+                what,
+            });
         }
         if !ended {
             report.truncated_tracks += 1;
@@ -218,16 +255,11 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
             offset = tick;
         }
     }
-    // Time order, ties in (track, event) order, which is the order of `events`:
-    // sort (tick, index) pairs rather than the events themselves (16 bytes
-    // moved instead of 48), and not at all when one track holds everything.
-    let mut order: Vec<(u64, u32)> = events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.0, i as u32))
-        .collect();
-    if !order.is_sorted() {
-        order.sort(); // runs per track: the merge sort takes them as they are
+    // Time order, ties in (track, event) order, which is the order of
+    // `events`: a stable sort, which takes the tracks' sorted runs as they
+    // are, and none when one track holds everything.
+    if !events.is_sorted_by_key(|e| e.tick) {
+        events.sort_by_key(|e| e.tick);
     }
     // midly's lenient mode reads a cut-off chunk as far as it goes: tell.
     report.truncated_tracks = report.truncated_tracks.max(cut_chunks(bytes));
@@ -242,42 +274,31 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
     // keys are small integers from the file, and the default SipHash was a
     // tenth of tokenizing a corpus; leftovers are sorted, so no order leaks.
     let mut open: FxHashMap<NoteKey, VecDeque<OpenNote>> = FxHashMap::default();
-    for &(tick, ti, kind) in order.iter().map(|&(_, i)| &events[i as usize]) {
-        match kind {
-            TrackEventKind::Midi { channel, message } => {
-                let ch = channel.as_int();
-                match message {
-                    MidiMessage::ProgramChange { program } => {
-                        programs[ch as usize] = program.as_int()
-                    }
-                    MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => {
-                        open.entry((ti, ch, key.as_int())).or_default().push_back((
-                            tick,
-                            vel.as_int(),
-                            programs[ch as usize],
-                        ));
-                    }
-                    MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
-                        match open
-                            .get_mut(&(ti, ch, key.as_int()))
-                            .and_then(|q| q.pop_front())
-                        {
-                            Some((start, velocity, program)) => score.notes.push(make_note(
-                                conv(start),
-                                conv(tick),
-                                key.as_int(),
-                                velocity,
-                                program,
-                                ch,
-                            )),
-                            None => report.orphan_note_offs += 1,
-                        }
-                    }
-                    _ => {}
-                }
+    for &Event { tick, track, what } in &events {
+        let ti = track as usize;
+        match what {
+            What::Program { ch, program } => programs[ch as usize] = program,
+            What::On { ch, key, vel } => {
+                open.entry((ti, ch, key)).or_default().push_back((
+                    tick,
+                    vel,
+                    programs[ch as usize],
+                ));
             }
-            TrackEventKind::Meta(MetaMessage::Tempo(us)) if scale.is_none() => {
-                let us = us.as_int().max(1);
+            What::Off { ch, key } => match open.get_mut(&(ti, ch, key)).and_then(|q| q.pop_front())
+            {
+                Some((start, velocity, program)) => score.notes.push(make_note(
+                    conv(start),
+                    conv(tick),
+                    key,
+                    velocity,
+                    program,
+                    ch,
+                )),
+                None => report.orphan_note_offs += 1,
+            },
+            What::Tempo(us) if scale.is_none() => {
+                let us = us.max(1);
                 match score.tempos.last_mut() {
                     Some(last) if last.tick == tick => last.us_per_quarter = us,
                     _ => score.tempos.push(TempoChange {
@@ -286,7 +307,8 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
                     }),
                 }
             }
-            TrackEventKind::Meta(MetaMessage::TimeSignature(num, den_pow, _, _)) => {
+            What::Tempo(_) => {}
+            What::TimeSig { num, den_pow } => {
                 let ts = TimeSignature {
                     tick: conv(tick),
                     numerator: num,
@@ -297,7 +319,6 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
                     _ => score.time_signatures.push(ts),
                 }
             }
-            _ => {}
         }
     }
     if scale.is_some() {
@@ -325,6 +346,40 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
     }
     score.sort();
     Ok((score, report))
+}
+
+/// An event the score is made of, at its absolute tick in its track.
+#[derive(Clone, Copy)]
+struct Event {
+    tick: u64,
+    track: u32,
+    what: What,
+}
+
+/// What an [`Event`] does (channels, keys and velocities are 0-127).
+#[derive(Clone, Copy)]
+enum What {
+    Program {
+        ch: u8,
+        program: u8,
+    },
+    /// A NoteOn with a velocity above 0.
+    On {
+        ch: u8,
+        key: u8,
+        vel: u8,
+    },
+    /// A NoteOff, or a NoteOn of velocity 0.
+    Off {
+        ch: u8,
+        key: u8,
+    },
+    /// Microseconds per quarter.
+    Tempo(u32),
+    TimeSig {
+        num: u8,
+        den_pow: u8,
+    },
 }
 
 /// (track, channel, pitch): notes pair first-in first-out within one key.

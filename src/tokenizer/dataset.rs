@@ -10,6 +10,7 @@
 //! [`Dataset::open`] checks that every id is inside the vocabulary, so a
 //! corrupt `tokens.bin` is refused with its name before any model sees it.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -249,86 +250,207 @@ pub fn tokenize_files_with(
 }
 
 /// Writes a dataset from tokenization results. Empty pieces are skipped
-/// (reported as such).
+/// (reported as such). [`DatasetWriter`] does the same piece by piece.
 pub fn write_dataset(
     dir: &Path,
     vocab: &Vocab,
     files: &[(PathBuf, String)],
     results: Vec<Result<Tokenized>>,
 ) -> Result<Manifest> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    for p in crate::util::clean_stale_temps(dir) {
-        eprintln!(
-            "warning: removed {} left by a process that was killed",
-            p.display()
-        );
-    }
-    // A replaced dataset is incomplete (no manifest) until the new one is in.
-    let old_manifest = dir.join(MANIFEST_FILE);
-    if old_manifest.is_file() {
-        std::fs::remove_file(&old_manifest)
-            .with_context(|| format!("cannot remove {}", old_manifest.display()))?;
-    }
-    let mut bin: Vec<u8> = Vec::new();
-    let mut pieces = Vec::new();
-    let mut skipped = Vec::new();
-    let mut warnings = Vec::new();
-    let (mut tokens, mut notes, mut input_bytes) = (0u64, 0u64, 0u64);
+    let mut w = DatasetWriter::create(dir, vocab)?;
     for ((path, rel), r) in files.iter().zip(results) {
-        match r {
-            Err(e) => skipped.push(Skipped {
-                path: path.display().to_string(),
-                reason: skip_reason(path, &format!("{e:#}")),
-            }),
-            Ok(t) if t.notes == 0 => skipped.push(Skipped {
-                path: path.display().to_string(),
-                reason: "no notes".into(),
-            }),
-            Ok(t) => {
-                input_bytes += t.bytes;
-                if !t.warnings.is_empty() {
-                    warnings.push(Skipped {
-                        path: path.display().to_string(),
-                        reason: t.warnings.join("; "),
-                    });
-                }
-                let offset = bin.len() as u64 / 2;
-                let piece: Vec<u32> = std::iter::once(BOS_ID)
-                    .chain(t.tokens.iter().copied())
-                    .chain(std::iter::once(EOS_ID))
-                    .collect();
-                for id in &piece {
-                    bin.extend_from_slice(&(*id as u16).to_le_bytes());
-                }
-                tokens += piece.len() as u64;
-                notes += t.notes as u64;
-                pieces.push(Piece {
-                    source: rel.clone(),
-                    offset,
-                    len: piece.len() as u64,
-                    notes: t.notes as u64,
+        w.push(path, rel, r)?;
+    }
+    w.finish()
+}
+
+/// Writes a dataset one file's result at a time, so that a corpus of any
+/// size is tokenized in bounded memory: each piece's ids go straight to a
+/// temporary `tokens.bin` in the dataset folder, and only the piece index
+/// stays in memory.
+///
+/// Invariants: nothing of an existing dataset in the folder is touched
+/// before [`DatasetWriter::finish`], which replaces `tokens.bin`, then the
+/// index and vocabulary, and writes the manifest last. A writer dropped
+/// without `finish` (an error, nothing to write) removes its temporary
+/// file, and the folder when it made it and left it empty.
+pub struct DatasetWriter<'v> {
+    dir: PathBuf,
+    vocab: &'v Vocab,
+    /// The temporary `tokens.bin` (`.tokens.bin.<pid>.tmp`) and its writer
+    /// (`None` once closed by `finish`).
+    tmp: PathBuf,
+    out: Option<std::io::BufWriter<std::fs::File>>,
+    /// Whether the temporary file has become `tokens.bin`.
+    moved: bool,
+    made_dir: bool,
+    /// One piece's ids as stored (u16 little-endian), reused.
+    buf: Vec<u8>,
+    pieces: Vec<Piece>,
+    skipped: Vec<Skipped>,
+    warnings: Vec<Skipped>,
+    tokens: u64,
+    notes: u64,
+    input_bytes: u64,
+    files_seen: usize,
+}
+
+impl<'v> DatasetWriter<'v> {
+    /// Starts a dataset in `dir` (made when missing), removing temporary
+    /// files left there by killed processes.
+    pub fn create(dir: &Path, vocab: &'v Vocab) -> Result<Self> {
+        if vocab.len() > u16::MAX as usize + 1 {
+            bail!(
+                "a vocabulary of {} tokens does not fit the dataset's 16-bit ids",
+                vocab.len()
+            );
+        }
+        let made_dir = !dir.exists();
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        for p in crate::util::clean_stale_temps(dir) {
+            eprintln!(
+                "warning: removed {} left by a process that was killed",
+                p.display()
+            );
+        }
+        let tmp = dir.join(format!(".{TOKENS_FILE}.{}.tmp", std::process::id()));
+        let file = std::fs::File::create(&tmp)
+            .with_context(|| format!("cannot create {}", tmp.display()))?;
+        Ok(DatasetWriter {
+            dir: dir.to_path_buf(),
+            vocab,
+            tmp,
+            out: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+            moved: false,
+            made_dir,
+            buf: Vec::new(),
+            pieces: Vec::new(),
+            skipped: Vec::new(),
+            warnings: Vec::new(),
+            tokens: 0,
+            notes: 0,
+            input_bytes: 0,
+            files_seen: 0,
+        })
+    }
+
+    /// Adds one input file's result: a piece (`BOS tokens EOS`), or a
+    /// skipped file (an error, or no notes) with its reason.
+    pub fn push(&mut self, path: &Path, rel: &str, r: Result<Tokenized>) -> Result<()> {
+        self.files_seen += 1;
+        let t = match r {
+            Err(e) => {
+                self.skipped.push(Skipped {
+                    path: path.display().to_string(),
+                    reason: skip_reason(path, &format!("{e:#}")),
                 });
+                return Ok(());
+            }
+            Ok(t) if t.notes == 0 => {
+                self.skipped.push(Skipped {
+                    path: path.display().to_string(),
+                    reason: "no notes".into(),
+                });
+                return Ok(());
+            }
+            Ok(t) => t,
+        };
+        if !t.warnings.is_empty() {
+            self.warnings.push(Skipped {
+                path: path.display().to_string(),
+                reason: t.warnings.join("; "),
+            });
+        }
+        self.buf.clear();
+        for id in std::iter::once(BOS_ID)
+            .chain(t.tokens.iter().copied())
+            .chain(std::iter::once(EOS_ID))
+        {
+            // Fits: `create` checked the vocabulary's size.
+            self.buf.extend_from_slice(&(id as u16).to_le_bytes());
+        }
+        let out = self
+            .out
+            .as_mut()
+            .expect("a writer is finished only by finish(self)");
+        out.write_all(&self.buf)
+            .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+        let len = t.tokens.len() as u64 + 2;
+        self.pieces.push(Piece {
+            source: rel.to_owned(),
+            offset: self.tokens,
+            len,
+            notes: t.notes as u64,
+        });
+        self.tokens += len;
+        self.notes += t.notes as u64;
+        self.input_bytes += t.bytes;
+        Ok(())
+    }
+
+    /// Pieces written so far.
+    pub fn pieces(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Files skipped so far, with their reasons.
+    pub fn skipped(&self) -> &[Skipped] {
+        &self.skipped
+    }
+
+    /// Puts the dataset in place: `tokens.bin`, `pieces.json`, `vocab.json`,
+    /// then `manifest.json`, whose presence means the dataset is complete.
+    pub fn finish(mut self) -> Result<Manifest> {
+        let out = self.out.take().expect("finished once");
+        let file = out
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all().map(|_| f))
+            .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+        drop(file);
+        // A replaced dataset is incomplete (no manifest) until the new one is in.
+        let old_manifest = self.dir.join(MANIFEST_FILE);
+        if old_manifest.is_file() {
+            std::fs::remove_file(&old_manifest)
+                .with_context(|| format!("cannot remove {}", old_manifest.display()))?;
+        }
+        let bin = self.dir.join(TOKENS_FILE);
+        std::fs::rename(&self.tmp, &bin)
+            .with_context(|| format!("cannot move {} to {}", self.tmp.display(), bin.display()))?;
+        self.moved = true;
+        let manifest = Manifest {
+            format_version: 1,
+            vocab_hash: self.vocab.hash().to_string(),
+            vocab_size: self.vocab.len(),
+            pieces: self.pieces.len(),
+            tokens: self.tokens,
+            notes: self.notes,
+            input_bytes: self.input_bytes,
+            files_seen: self.files_seen,
+            skipped: std::mem::take(&mut self.skipped),
+            warnings: std::mem::take(&mut self.warnings),
+        };
+        crate::util::write_atomic(
+            &self.dir.join(PIECES_FILE),
+            &serde_json::to_vec(&self.pieces)?,
+        )?;
+        self.vocab.save(&self.dir.join(VOCAB_FILE))?;
+        crate::util::write_json(&self.dir.join(MANIFEST_FILE), &manifest)?;
+        Ok(manifest)
+    }
+}
+
+impl Drop for DatasetWriter<'_> {
+    fn drop(&mut self) {
+        if !self.moved {
+            self.out.take();
+            std::fs::remove_file(&self.tmp).ok();
+            if self.made_dir {
+                // Only when empty: remove_dir fails otherwise.
+                std::fs::remove_dir(&self.dir).ok();
             }
         }
     }
-    let manifest = Manifest {
-        format_version: 1,
-        vocab_hash: vocab.hash().to_string(),
-        vocab_size: vocab.len(),
-        pieces: pieces.len(),
-        tokens,
-        notes,
-        input_bytes,
-        files_seen: files.len(),
-        skipped,
-        warnings,
-    };
-    crate::util::write_atomic(&dir.join(TOKENS_FILE), &bin)?;
-    crate::util::write_atomic(&dir.join(PIECES_FILE), &serde_json::to_vec(&pieces)?)?;
-    vocab.save(&dir.join(VOCAB_FILE))?;
-    // The manifest goes last: its presence means the dataset is complete.
-    crate::util::write_json(&dir.join(MANIFEST_FILE), &manifest)?;
-    Ok(manifest)
 }
 
 /// A dataset opened for reading; token ids are memory-mapped.
@@ -461,6 +583,86 @@ mod tests {
             want[0],
             PathBuf::from("a/b-c.mid"),
             "the case is not trivial"
+        );
+    }
+
+    fn piece(tokens: &[u32], notes: usize) -> Result<Tokenized> {
+        Ok(Tokenized {
+            tokens: tokens.to_vec(),
+            notes,
+            bytes: 10,
+            warnings: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn writer_writes_pieces_in_order_and_reports_skips() {
+        let vocab = Vocab::new(crate::tokenizer::RemiConfig::default()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("ds");
+        let mut w = DatasetWriter::create(&dir, &vocab).unwrap();
+        w.push(Path::new("a.mid"), "c/a.mid", piece(&[5, 6, 7], 1))
+            .unwrap();
+        w.push(
+            Path::new("b.mid"),
+            "c/b.mid",
+            Err(anyhow::anyhow!("b.mid: broken")),
+        )
+        .unwrap();
+        w.push(Path::new("e.mid"), "c/e.mid", piece(&[], 0))
+            .unwrap();
+        w.push(Path::new("d.mid"), "c/d.mid", piece(&[9, 8], 2))
+            .unwrap();
+        assert_eq!(w.pieces(), 2);
+        let m = w.finish().unwrap();
+        assert_eq!((m.pieces, m.tokens, m.notes, m.files_seen), (2, 9, 3, 4));
+        let reasons: Vec<_> = m.skipped.iter().map(|s| s.reason.as_str()).collect();
+        assert_eq!(reasons, ["broken", "no notes"]);
+        let ds = Dataset::open(&dir).unwrap();
+        assert_eq!(ds.piece_tokens(0), [BOS_ID, 5, 6, 7, EOS_ID]);
+        assert_eq!(ds.piece_tokens(1), [BOS_ID, 9, 8, EOS_ID]);
+        assert_eq!(
+            (ds.pieces[1].source.as_str(), ds.pieces[1].offset),
+            ("c/d.mid", 5)
+        );
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    }
+
+    #[test]
+    fn an_unfinished_writer_leaves_the_folder_as_it_was() {
+        let vocab = Vocab::new(crate::tokenizer::RemiConfig::default()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        // A folder it made goes with it.
+        let dir = tmp.path().join("new");
+        let mut w = DatasetWriter::create(&dir, &vocab).unwrap();
+        w.push(Path::new("a.mid"), "a.mid", piece(&[5], 1)).unwrap();
+        drop(w);
+        assert!(!dir.exists());
+        // An existing dataset stays whole: same manifest, same tokens.
+        let dir = tmp.path().join("old");
+        let files = [(PathBuf::from("a.mid"), "a.mid".to_string())];
+        write_dataset(&dir, &vocab, &files, vec![piece(&[5, 6], 1)]).unwrap();
+        let before: Vec<_> = [TOKENS_FILE, PIECES_FILE, MANIFEST_FILE]
+            .iter()
+            .map(|f| std::fs::read(dir.join(f)).unwrap())
+            .collect();
+        let mut w = DatasetWriter::create(&dir, &vocab).unwrap();
+        w.push(Path::new("b.mid"), "b.mid", piece(&[7, 7, 7], 1))
+            .unwrap();
+        drop(w);
+        let after: Vec<_> = [TOKENS_FILE, PIECES_FILE, MANIFEST_FILE]
+            .iter()
+            .map(|f| std::fs::read(dir.join(f)).unwrap())
+            .collect();
+        assert_eq!(before, after);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            4,
+            "no temporary file left"
         );
     }
 }
