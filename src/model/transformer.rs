@@ -869,12 +869,12 @@ impl Transformer {
                 });
                 qkv = short_conv(&qkv, w, tail);
             }
-            let q = qkv.narrow(-1, 0, d).view([b, l, h, hd]);
-            let k = qkv.narrow(-1, d, d).view([b, l, h, hd]);
-            let v = qkv
-                .narrow(-1, 2 * d, d)
-                .view([b, l, h, hd])
-                .permute([0, 2, 1, 3]);
+            // (split, not narrow: the backward of a split is one concatenation, that of
+            // each narrow a zero-filled gradient of the whole of qkv, then their sum)
+            let [q, k, v] = <[Tensor; 3]>::try_from(qkv.split(d, -1)).expect("3 parts of d");
+            let q = q.view([b, l, h, hd]);
+            let k = k.view([b, l, h, hd]);
+            let v = v.view([b, l, h, hd]).permute([0, 2, 1, 3]);
             let hl = cfg.local_heads;
             let on_host = host_step
                 && state
@@ -924,18 +924,21 @@ impl Transformer {
                 // RoPE local heads take their own queries and keys; SPE filters heads h0..h:
                 // only the FAVOR+ heads then, every head otherwise (the local ones taken from
                 // it below).
-                let rope_qk = (rope && !on_host).then(|| {
-                    let t =
-                        rope_tabs.get_or_insert_with(|| rope_tables(offset, l, hd, self.device));
-                    (
-                        apply_rope(&q.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
-                        apply_rope(&k.narrow(2, 0, hl).permute([0, 2, 1, 3]), t),
-                    )
-                });
-                let (q, k) = if h0 > 0 {
-                    (q.narrow(2, h0, h - h0), k.narrow(2, h0, h - h0))
+                let (q, k, rope_qk) = if rope {
+                    // (h0 = hl: the RoPE heads are the local ones)
+                    let ((lq, q), (lk, k)) = (split_heads(&q, 2, h0), split_heads(&k, 2, h0));
+                    let qk = (!on_host).then(|| {
+                        let t = rope_tabs
+                            .get_or_insert_with(|| rope_tables(offset, l, hd, self.device));
+                        let (lq, lk) = (lq.expect("h0 > 0"), lk.expect("h0 > 0"));
+                        (
+                            apply_rope(&lq.permute([0, 2, 1, 3]), t),
+                            apply_rope(&lk.permute([0, 2, 1, 3]), t),
+                        )
+                    });
+                    (q, k, qk)
                 } else {
-                    (q, k)
+                    (q, k, None)
                 };
                 let (qa, ka) = if let Some(rr) = r {
                     let (qbar, kbar) = &codes[if shared { 0 } else { i }];
@@ -958,7 +961,15 @@ impl Transformer {
                     (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
                 };
                 let dk = qa.size()[3];
-                // the local heads first, over their window; FAVOR+ for the rest
+                // the local heads first, over their window; FAVOR+ for the rest (heads
+                // hl..h): qa and ka start at head h0, so they hold local heads only when
+                // h0 = 0
+                let (lv, v) = split_heads(&v, 1, hl);
+                let ((lqa, qa), (lka, ka)) = if h0 == 0 {
+                    (split_heads(&qa, 1, hl), split_heads(&ka, 1, hl))
+                } else {
+                    ((None, qa), (None, ka))
+                };
                 let local = (hl > 0).then(|| {
                     let ring = state.as_deref_mut().map(|s| {
                         s.windows[i]
@@ -970,12 +981,15 @@ impl Transformer {
                     }
                     let (lq, lk) = match &rope_qk {
                         Some((lq, lk)) => (lq.shallow_clone(), lk.shallow_clone()),
-                        None => (qa.narrow(1, 0, hl), ka.narrow(1, 0, hl)),
+                        None => (
+                            lqa.expect("h0 = 0: qa holds the local heads"),
+                            lka.expect("h0 = 0: ka holds the local heads"),
+                        ),
                     };
                     let (lq, lk, lv) = (
                         as_kind(&lq, Kind::Float),
                         as_kind(&lk, Kind::Float),
-                        as_kind(&v.narrow(1, 0, hl), Kind::Float),
+                        as_kind(&lv.expect("hl > 0"), Kind::Float),
                     );
                     let out = match ring {
                         Some(ring) => ring_attention(&lq, &lk, &lv, ring),
@@ -983,16 +997,6 @@ impl Transformer {
                     };
                     as_kind(&out, kind)
                 });
-                // the FAVOR+ heads hl..h: qa and ka start at head h0
-                let (qa, ka, v) = if hl > 0 {
-                    (
-                        qa.narrow(1, hl - h0, h - hl),
-                        ka.narrow(1, hl - h0, h - hl),
-                        v.narrow(1, hl, h - hl),
-                    )
-                } else {
-                    (qa, ka, v)
-                };
                 let lstate = state.as_deref_mut().map(|s| &mut s.layers[i]);
                 let att = match &cfg.attention {
                     AttentionKind::Favor { .. } if hl == h => local.expect("local heads"),
@@ -1091,6 +1095,19 @@ impl Transformer {
 /// Dropout with probability `p` while training; outside training (and at
 /// p = 0) the tensor itself, without a libtorch call: a generation step is a
 /// few hundred small calls, and each one costs about as much as its arithmetic.
+/// `t` cut along `dim` into its first `n` entries (`None` when `n` is 0) and the rest,
+/// as views from one split: its backward is one concatenation, where that of two
+/// `narrow`s would zero-fill a gradient of the whole of `t` for each and add them.
+fn split_heads(t: &Tensor, dim: i64, n: i64) -> (Option<Tensor>, Tensor) {
+    if n == 0 {
+        return (None, t.shallow_clone());
+    }
+    let rest = t.size()[dim as usize] - n;
+    let [first, rest] =
+        <[Tensor; 2]>::try_from(t.split_with_sizes([n, rest], dim)).expect("two parts");
+    (Some(first), rest)
+}
+
 fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
     if train && p > 0.0 {
         x.dropout(p, true)

@@ -1,11 +1,21 @@
 //! AdamW over plain tensors. tch's optimizers cannot save their state, and a
 //! resumed run must continue with the same moments, so this one is ours.
+//!
+//! On the CPU, where every parameter, gradient and moment is a contiguous f32
+//! tensor, the update runs on the host: one pass that updates each parameter
+//! and its two moments together, where the libtorch form of the same update
+//! takes about fifteen passes over the parameters, each with a temporary
+//! tensor (10 ms against 5.5 ms of a 500 ms step of the `small` model at
+//! L = 512). Both forms do the same f32 operations in the same order
+//! ([`adamw_host`] next to [`AdamW::update`]'s libtorch branch); a test holds
+//! them to each other. Elsewhere (CUDA, half-precision parameters) the
+//! libtorch form runs.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// Whether a parameter gets weight decay: not norms, biases, embeddings, or
 /// the SPE and gate parameters.
@@ -25,6 +35,9 @@ pub struct AdamW {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
+    /// Whether the update may run on the host (see the module docs); off
+    /// only in the tests that compare the two forms.
+    host_allowed: bool,
 }
 
 impl AdamW {
@@ -52,6 +65,7 @@ impl AdamW {
             beta2,
             eps,
             weight_decay,
+            host_allowed: true,
         }
     }
 
@@ -59,6 +73,23 @@ impl AdamW {
         for (_, p, _, _) in &mut self.params {
             p.zero_grad();
         }
+    }
+
+    /// Whether the update runs on the host: every parameter
+    /// with a gradient, the gradient and both moments are contiguous f32
+    /// CPU tensors of one size.
+    fn on_host(&self) -> bool {
+        self.host_allowed
+            && self.params.iter().all(|(_, p, m, v)| {
+                let g = p.grad();
+                !g.defined()
+                    || [p, &g, m, v].iter().all(|t| {
+                        t.device() == Device::Cpu
+                            && t.kind() == Kind::Float
+                            && t.is_contiguous()
+                            && t.numel() == p.numel()
+                    })
+            })
     }
 
     /// Global gradient norm; scales gradients down to `max_norm` when above
@@ -100,10 +131,39 @@ impl AdamW {
         let t = self.step as i32;
         let bc1 = 1.0 - self.beta1.powi(t);
         let bc2 = 1.0 - self.beta2.powi(t);
+        let host = self.on_host();
         tch::no_grad(|| {
             for (name, p, m, v) in &mut self.params {
                 let g = p.grad();
                 if !g.defined() {
+                    continue;
+                }
+                let decay = self.weight_decay > 0.0 && decays(name);
+                if host {
+                    let h = Hyper {
+                        beta1: self.beta1 as f32,
+                        beta2: self.beta2 as f32,
+                        one_minus_beta1: (1.0 - self.beta1) as f32,
+                        one_minus_beta2: (1.0 - self.beta2) as f32,
+                        keep: decay.then_some((1.0 - lr * self.weight_decay) as f32),
+                        bc1: bc1 as f32,
+                        bc2: bc2 as f32,
+                        eps: self.eps as f32,
+                        lr: lr as f32,
+                    };
+                    // SAFETY: on_host: p, m and v are distinct contiguous f32
+                    // CPU tensors of p's size (the moments are this
+                    // optimizer's own), the gradient is p's and is only read;
+                    // nothing else touches them during the update.
+                    unsafe {
+                        adamw_host(
+                            host_slice_mut(p),
+                            host_slice_mut(m),
+                            host_slice_mut(v),
+                            host_slice(&g),
+                            &h,
+                        )
+                    };
                     continue;
                 }
                 let g = g.to_kind(Kind::Float);
@@ -113,7 +173,7 @@ impl AdamW {
                 let _ = v
                     .g_mul_scalar_(self.beta2)
                     .g_add_(&(g.square() * (1.0 - self.beta2)));
-                if self.weight_decay > 0.0 && decays(name) {
+                if decay {
                     let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
                 }
                 let denom = (&*v / bc2).sqrt() + self.eps;
@@ -168,6 +228,65 @@ impl AdamW {
     }
 }
 
+/// The constants of one host update, in f32 as libtorch uses them on f32
+/// tensors.
+struct Hyper {
+    beta1: f32,
+    beta2: f32,
+    one_minus_beta1: f32,
+    one_minus_beta2: f32,
+    /// `1 - lr * weight_decay` for a parameter that decays.
+    keep: Option<f32>,
+    /// Bias corrections `1 - beta^t`.
+    bc1: f32,
+    bc2: f32,
+    eps: f32,
+    lr: f32,
+}
+
+/// AdamW on one parameter, element by element, with the operations of the
+/// libtorch branch of [`AdamW::update`] in its order:
+/// `m = m b1 + g (1 - b1)`, `v = v b2 + g^2 (1 - b2)`, `p = p (1 - lr wd)`,
+/// `p -= (m / bc1) / (sqrt(v / bc2) + eps) lr`.
+fn adamw_host(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &Hyper) {
+    assert!(p.len() == m.len() && p.len() == v.len() && p.len() == g.len());
+    let keep = h.keep.unwrap_or(1.0);
+    let decay = h.keep.is_some();
+    for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+        *m = *m * h.beta1 + g * h.one_minus_beta1;
+        *v = *v * h.beta2 + g * g * h.one_minus_beta2;
+        if decay {
+            *p *= keep;
+        }
+        let denom = (*v / h.bc2).sqrt() + h.eps;
+        *p -= *m / h.bc1 / denom * h.lr;
+    }
+}
+
+/// The elements of a contiguous f32 CPU tensor (checked by the caller).
+fn host_slice(t: &Tensor) -> &[f32] {
+    debug_assert!(t.kind() == Kind::Float && t.is_contiguous() && t.device() == Device::Cpu);
+    if t.numel() == 0 {
+        return &[];
+    }
+    // SAFETY: a contiguous f32 CPU tensor holds numel f32 at data_ptr, not
+    // null when not empty; the slice lives no longer than the borrow of `t`.
+    unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f32, t.numel()) }
+}
+
+/// The elements of a contiguous f32 CPU tensor, to write in place.
+///
+/// # Safety
+/// `t` is a contiguous f32 CPU tensor, and nothing else reads or writes its
+/// storage while the slice lives (no other slice or libtorch call on it).
+unsafe fn host_slice_mut(t: &mut Tensor) -> &mut [f32] {
+    debug_assert!(t.kind() == Kind::Float && t.is_contiguous() && t.device() == Device::Cpu);
+    if t.numel() == 0 {
+        return &mut [];
+    }
+    std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, t.numel())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +311,81 @@ mod tests {
         assert!(!decays("spe.freqs"));
         assert!(!decays("blocks.1.gate"));
         assert!(!decays("head.bias"));
+    }
+
+    /// Two optimizers over equal parameters, one on the host, one in
+    /// libtorch: the same norms, parameters and moments after a few clipped
+    /// and decayed steps.
+    #[test]
+    fn host_update_matches_the_libtorch_form() {
+        tch::manual_seed(3);
+        let shapes: [(&str, &[i64]); 3] = [
+            ("blocks.0.ff.weight", &[33, 17]),
+            ("blocks.0.norm1.weight", &[17]),
+            ("head.bias", &[1029]),
+        ];
+        let init: Vec<Tensor> = shapes
+            .iter()
+            .map(|(_, s)| Tensor::randn(*s, (Kind::Float, Device::Cpu)))
+            .collect();
+        let make = |host: bool, weight_decay: f64| {
+            let params: Vec<Tensor> = init
+                .iter()
+                .map(|t| t.copy().set_requires_grad(true))
+                .collect();
+            let vars = shapes
+                .iter()
+                .zip(&params)
+                .map(|((n, _), p)| (n.to_string(), p.shallow_clone()))
+                .collect();
+            let mut opt = AdamW::new(vars, 0.9, 0.98, 1e-8, weight_decay);
+            opt.host_allowed = host;
+            (params, opt)
+        };
+        let (hp, mut ho) = make(true, 0.1);
+        let (lp, mut lo) = make(false, 0.1);
+        let (np, mut no) = make(true, 0.0);
+        assert!(ho.on_host() && !lo.on_host());
+        for step in 0..4 {
+            // Large gradients at first (clipped), small ones later (not).
+            let scale = if step < 2 { 10.0 } else { 0.01 };
+            let target: Vec<Tensor> = hp.iter().map(|p| p.randn_like() * scale).collect();
+            let mut norms = [0.0; 3];
+            for (i, (params, opt)) in [(&hp, &mut ho), (&lp, &mut lo), (&np, &mut no)]
+                .into_iter()
+                .enumerate()
+            {
+                opt.zero_grad();
+                let loss: Tensor = params
+                    .iter()
+                    .zip(&target)
+                    .map(|(p, t)| (p * t).sum(Kind::Float))
+                    .fold(Tensor::from(0f32), |a, b| a + b);
+                loss.backward();
+                norms[i] = opt.clip_grad_norm(1.0);
+                opt.update(0.01);
+            }
+            assert!((norms[0] - norms[1]).abs() <= 1e-6 * norms[1], "{norms:?}");
+            assert_eq!(norms[0] > 1.0, step < 2, "{norms:?}");
+            for ((_, a, am, av), (_, b, bm, bv)) in ho.params.iter().zip(&lo.params) {
+                for (x, y) in [(a, b), (am, bm), (av, bv)] {
+                    let diff = (x - y).abs().max().double_value(&[]);
+                    let size = y.abs().max().double_value(&[]);
+                    assert!(
+                        diff <= 1e-6 * size.max(1e-3),
+                        "step {step}: {diff} of {size}"
+                    );
+                }
+            }
+        }
+        // Against the run without decay, only the decayed parameter differs.
+        let differs: Vec<bool> = ho
+            .params
+            .iter()
+            .zip(&no.params)
+            .map(|((_, a, ..), (_, b, ..))| !a.equal(b))
+            .collect();
+        assert_eq!(differs, [true, false, false]);
     }
 
     #[test]
