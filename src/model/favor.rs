@@ -230,20 +230,11 @@ pub fn causal_linear_attention(
     let ks = k.sum_dim_intlist([-2i64].as_slice(), false, None); // (B, H, n, M)
     let kv_cum = kv.cumsum(2, None);
     let ks_cum = ks.cumsum(2, None);
-    let mut s_prev = Tensor::cat(
-        &[
-            Tensor::zeros([b, h, 1, m, dv], (Kind::Float, dev)),
-            kv_cum.narrow(2, 0, n - 1),
-        ],
-        2,
-    );
-    let mut z_prev = Tensor::cat(
-        &[
-            Tensor::zeros([b, h, 1, m], (Kind::Float, dev)),
-            ks_cum.narrow(2, 0, n - 1),
-        ],
-        2,
-    );
+    // The sums before each chunk: the inclusive ones shifted by a chunk, a zero
+    // chunk in front and the last dropped, as one pad whose backward is one
+    // crop (a narrow and a cat would zero-fill the whole of kv_cum's gradient).
+    let mut s_prev = kv_cum.constant_pad_nd([0, 0, 0, 0, 1, -1]);
+    let mut z_prev = ks_cum.constant_pad_nd([0, 0, 1, -1]);
     let mut s_end = kv_cum.select(2, n - 1);
     let mut z_end = ks_cum.select(2, n - 1);
     if let Some((s0, z0)) = state {
@@ -423,5 +414,47 @@ mod tests {
             Some((&s1, &z1)),
         );
         assert!(rel(&o2, &o_ref.narrow(2, 10, l - 10)) < 1e-5);
+    }
+
+    /// The chunked form's gradients are those of the definition,
+    /// out_i = sum_{j<=i} (q_i . k_j) v_j / (sum_{j<=i} q_i . k_j + EPS), for chunks that do
+    /// and do not divide L (and one chunk, where no sums are carried).
+    #[test]
+    fn favor_chunked_gradients_match_the_definition() {
+        tch::manual_seed(9);
+        let (b, h, l, m, dv) = (2, 2, 13, 6, 3);
+        let leaf = |s: &[i64], pos: bool| {
+            let t = if pos {
+                Tensor::rand(s, (Kind::Double, Device::Cpu)) + 0.1
+            } else {
+                Tensor::randn(s, (Kind::Double, Device::Cpu))
+            };
+            t.set_requires_grad(true)
+        };
+        let (pq, pk, v) = (
+            leaf(&[b, h, l, m], true),
+            leaf(&[b, h, l, m], true),
+            leaf(&[b, h, l, dv], false),
+        );
+        let w = Tensor::randn([b, h, l, dv], (Kind::Double, Device::Cpu));
+        let grads = |out: Tensor| {
+            for t in [&pq, &pk, &v] {
+                let mut g = t.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            (out * &w).sum(Kind::Double).backward();
+            [pq.grad().copy(), pk.grad().copy(), v.grad().copy()]
+        };
+        let mask = Tensor::ones([l, l], (Kind::Double, Device::Cpu)).tril(0);
+        let a = pq.matmul(&pk.transpose(-1, -2)) * mask;
+        let want = grads(a.matmul(&v) / (a.sum_dim_intlist([-1i64].as_slice(), true, None) + EPS));
+        for c in [1, 4, 5, 13] {
+            let got = grads(causal_linear_attention(&pq, &pk, &v, c, None).0);
+            for (g, w) in got.iter().zip(&want) {
+                assert!(rel(g, w) < 1e-9, "chunk {c}: {}", rel(g, w));
+            }
+        }
     }
 }

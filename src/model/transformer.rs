@@ -1609,7 +1609,9 @@ fn rope_frequencies(dim: i64) -> Vec<f64> {
 pub(crate) fn apply_rope(x: &Tensor, (cos, sin): &(Tensor, Tensor)) -> Tensor {
     let half = x.size()[3] / 2;
     let x = as_kind(x, Kind::Float);
-    let (x1, x2) = (x.narrow(3, 0, half), x.narrow(3, half, half));
+    // (a split: see split_heads)
+    let (x1, x2) = split_heads(&x, 3, half);
+    let x1 = x1.expect("dim >= 2");
     Tensor::cat(&[&x1 * cos - &x2 * sin, &x1 * sin + &x2 * cos], 3)
 }
 
