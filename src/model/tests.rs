@@ -517,6 +517,34 @@ fn assert_reach_of_window_3(m: &Transformer, a: &Tensor) -> Tensor {
     la
 }
 
+/// RoPE against its definition: pair (x_j, x_{j+D/2}) at position p turns by the angle
+/// p * ROPE_BASE^(-2j/D), the angle formed in f64 and its cosine and sine taken in f32.
+#[test]
+fn rope_turns_each_pair_by_its_angle() {
+    tch::manual_seed(22);
+    let (h, l, dim, start) = (2i64, 5i64, 8i64, 70_000i64);
+    let x = Tensor::randn([1, h, l, dim], (Kind::Float, Device::Cpu));
+    let got = rope(&x, start);
+    let half = dim / 2;
+    for hi in 0..h {
+        for p in 0..l {
+            for j in 0..half {
+                let ang = (start + p) as f64
+                    * (j as f64 * (-2.0 * crate::model::config::ROPE_BASE.ln() / dim as f64)).exp();
+                let (c, s) = (ang.cos() as f32, ang.sin() as f32);
+                let x1 = x.double_value(&[0, hi, p, j]) as f32;
+                let x2 = x.double_value(&[0, hi, p, j + half]) as f32;
+                let want = [x1 * c - x2 * s, x1 * s + x2 * c];
+                let have = [
+                    got.double_value(&[0, hi, p, j]) as f32,
+                    got.double_value(&[0, hi, p, j + half]) as f32,
+                ];
+                assert_eq!(have, want, "head {hi}, position {p}, pair {j}");
+            }
+        }
+    }
+}
+
 #[test]
 fn rope_dot_products_depend_on_the_lag_only() {
     tch::manual_seed(21);

@@ -1586,15 +1586,17 @@ pub fn rope(x: &Tensor, start: i64) -> Tensor {
     apply_rope(x, &rope_tables(start, l, dim, x.device()))
 }
 
-/// (cos, sin) of the RoPE angles of positions start..start+len, each (len, dim/2) f32;
-/// angles are formed in f64 (positions run past 2^24).
+/// The RoPE tables of positions start..start+len, each (len, dim) f32, in the form
+/// [`apply_rope`] uses them: `[cos, cos]` and `[-sin, sin]` of the angles of the dim/2
+/// pairs; angles are formed in f64 (positions run past 2^24).
 pub(crate) fn rope_tables(start: i64, len: i64, dim: i64, dev: Device) -> (Tensor, Tensor) {
     let w = Tensor::from_slice(&rope_frequencies(dim)).to_device(dev);
     let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).unsqueeze(1);
     let ang = pos * w.unsqueeze(0);
+    let (cos, sin) = (ang.cos(), ang.sin());
     (
-        ang.cos().to_kind(Kind::Float),
-        ang.sin().to_kind(Kind::Float),
+        Tensor::cat(&[&cos, &cos], 1).to_kind(Kind::Float),
+        Tensor::cat(&[-&sin, sin], 1).to_kind(Kind::Float),
     )
 }
 
@@ -1606,13 +1608,16 @@ fn rope_frequencies(dim: i64) -> Vec<f64> {
 }
 
 /// [`rope`] with precomputed [`rope_tables`]; the result is f32.
+///
+/// With x = [x1, x2] (the halves of the last axis), the turned pairs are
+/// [x1 cos - x2 sin, x1 sin + x2 cos] = x [cos, cos] + [x2, x1] [-sin, sin]: two
+/// products and a sum over the whole width, where the halves took four products, two
+/// sums and a concatenation over rows of half the width. Both give the same floats
+/// (`a + (-b)` is `a - b`, and sums commute).
 pub(crate) fn apply_rope(x: &Tensor, (cos, sin): &(Tensor, Tensor)) -> Tensor {
     let half = x.size()[3] / 2;
     let x = as_kind(x, Kind::Float);
-    // (a split: see split_heads)
-    let (x1, x2) = split_heads(&x, 3, half);
-    let x1 = x1.expect("dim >= 2");
-    Tensor::cat(&[&x1 * cos - &x2 * sin, &x1 * sin + &x2 * cos], 3)
+    &x * cos + x.roll([half], [3]) * sin
 }
 
 /// Causal depthwise convolution over time: (B, L, C) rows and (C, k) taps ->
