@@ -1092,9 +1092,6 @@ impl Transformer {
     }
 }
 
-/// Dropout with probability `p` while training; outside training (and at
-/// p = 0) the tensor itself, without a libtorch call: a generation step is a
-/// few hundred small calls, and each one costs about as much as its arithmetic.
 /// `t` cut along `dim` into its first `n` entries (`None` when `n` is 0) and the rest,
 /// as views from one split: its backward is one concatenation, where that of two
 /// `narrow`s would zero-fill a gradient of the whole of `t` for each and add them.
@@ -1108,6 +1105,9 @@ fn split_heads(t: &Tensor, dim: i64, n: i64) -> (Option<Tensor>, Tensor) {
     (Some(first), rest)
 }
 
+/// Dropout with probability `p` while training; outside training (and at
+/// p = 0) the tensor itself, without a libtorch call: a generation step is a
+/// few hundred small calls, and each one costs about as much as its arithmetic.
 fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
     if train && p > 0.0 {
         x.dropout(p, true)
