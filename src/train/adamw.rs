@@ -75,23 +75,6 @@ impl AdamW {
         }
     }
 
-    /// Whether the update runs on the host: every parameter
-    /// with a gradient, the gradient and both moments are contiguous f32
-    /// CPU tensors of one size.
-    fn on_host(&self) -> bool {
-        self.host_allowed
-            && self.params.iter().all(|(_, p, m, v)| {
-                let g = p.grad();
-                !g.defined()
-                    || [p, &g, m, v].iter().all(|t| {
-                        t.device() == Device::Cpu
-                            && t.kind() == Kind::Float
-                            && t.is_contiguous()
-                            && t.numel() == p.numel()
-                    })
-            })
-    }
-
     /// Global gradient norm; scales gradients down to `max_norm` when above
     /// it (0 = no clipping). Returns the norm before clipping.
     pub fn clip_grad_norm(&mut self, max_norm: f64) -> f64 {
@@ -131,7 +114,17 @@ impl AdamW {
         let t = self.step as i32;
         let bc1 = 1.0 - self.beta1.powi(t);
         let bc2 = 1.0 - self.beta2.powi(t);
-        let host = self.on_host();
+        let h = Hyper {
+            beta1: self.beta1 as f32,
+            beta2: self.beta2 as f32,
+            one_minus_beta1: (1.0 - self.beta1) as f32,
+            one_minus_beta2: (1.0 - self.beta2) as f32,
+            keep: (1.0 - lr * self.weight_decay) as f32,
+            bc1: bc1 as f32,
+            bc2: bc2 as f32,
+            eps: self.eps as f32,
+            lr: lr as f32,
+        };
         tch::no_grad(|| {
             for (name, p, m, v) in &mut self.params {
                 let g = p.grad();
@@ -139,19 +132,8 @@ impl AdamW {
                     continue;
                 }
                 let decay = self.weight_decay > 0.0 && decays(name);
-                if host {
-                    let h = Hyper {
-                        beta1: self.beta1 as f32,
-                        beta2: self.beta2 as f32,
-                        one_minus_beta1: (1.0 - self.beta1) as f32,
-                        one_minus_beta2: (1.0 - self.beta2) as f32,
-                        keep: decay.then_some((1.0 - lr * self.weight_decay) as f32),
-                        bc1: bc1 as f32,
-                        bc2: bc2 as f32,
-                        eps: self.eps as f32,
-                        lr: lr as f32,
-                    };
-                    // SAFETY: on_host: p, m and v are distinct contiguous f32
+                if self.host_allowed && host_ready(p, &g, m, v) {
+                    // SAFETY: host_ready: p, m and v are distinct contiguous f32
                     // CPU tensors of p's size (the moments are this
                     // optimizer's own), the gradient is p's and is only read;
                     // nothing else touches them during the update.
@@ -162,6 +144,7 @@ impl AdamW {
                             host_slice_mut(v),
                             host_slice(&g),
                             &h,
+                            decay,
                         )
                     };
                     continue;
@@ -228,6 +211,17 @@ impl AdamW {
     }
 }
 
+/// Whether a parameter's update can run on the host: the parameter `p`, its
+/// gradient `g` and both moments are contiguous f32 CPU tensors of one size.
+fn host_ready(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor) -> bool {
+    [p, g, m, v].iter().all(|t| {
+        t.device() == Device::Cpu
+            && t.kind() == Kind::Float
+            && t.is_contiguous()
+            && t.numel() == p.numel()
+    })
+}
+
 /// The constants of one host update, in f32 as libtorch uses them on f32
 /// tensors.
 struct Hyper {
@@ -235,8 +229,8 @@ struct Hyper {
     beta2: f32,
     one_minus_beta1: f32,
     one_minus_beta2: f32,
-    /// `1 - lr * weight_decay` for a parameter that decays.
-    keep: Option<f32>,
+    /// `1 - lr * weight_decay`, by which a parameter that decays shrinks.
+    keep: f32,
     /// Bias corrections `1 - beta^t`.
     bc1: f32,
     bc2: f32,
@@ -246,17 +240,15 @@ struct Hyper {
 
 /// AdamW on one parameter, element by element, with the operations of the
 /// libtorch branch of [`AdamW::update`] in its order:
-/// `m = m b1 + g (1 - b1)`, `v = v b2 + g^2 (1 - b2)`, `p = p (1 - lr wd)`,
-/// `p -= (m / bc1) / (sqrt(v / bc2) + eps) lr`.
-fn adamw_host(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &Hyper) {
+/// `m = m b1 + g (1 - b1)`, `v = v b2 + g^2 (1 - b2)`, `p = p (1 - lr wd)` (when
+/// `decay`), `p -= (m / bc1) / (sqrt(v / bc2) + eps) lr`.
+fn adamw_host(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], h: &Hyper, decay: bool) {
     assert!(p.len() == m.len() && p.len() == v.len() && p.len() == g.len());
-    let keep = h.keep.unwrap_or(1.0);
-    let decay = h.keep.is_some();
     for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
         *m = *m * h.beta1 + g * h.one_minus_beta1;
         *v = *v * h.beta2 + g * g * h.one_minus_beta2;
         if decay {
-            *p *= keep;
+            *p *= h.keep;
         }
         let denom = (*v / h.bc2).sqrt() + h.eps;
         *p -= *m / h.bc1 / denom * h.lr;
@@ -345,7 +337,6 @@ mod tests {
         let (hp, mut ho) = make(true, 0.1);
         let (lp, mut lo) = make(false, 0.1);
         let (np, mut no) = make(true, 0.0);
-        assert!(ho.on_host() && !lo.on_host());
         for step in 0..4 {
             // Large gradients at first (clipped), small ones later (not).
             let scale = if step < 2 { 10.0 } else { 0.01 };
@@ -362,6 +353,10 @@ mod tests {
                     .map(|(p, t)| (p * t).sum(Kind::Float))
                     .fold(Tensor::from(0f32), |a, b| a + b);
                 loss.backward();
+                // the libtorch optimizer (1) stays off the host, the others take it
+                for (_, p, m, v) in &opt.params {
+                    assert_eq!(opt.host_allowed && host_ready(p, &p.grad(), m, v), i != 1);
+                }
                 norms[i] = opt.clip_grad_norm(1.0);
                 opt.update(0.01);
             }
