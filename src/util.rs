@@ -49,21 +49,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// renames it to `path`. On any error the temporary file is removed and
 /// `path` is left as it was. The folder must exist.
 pub fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file path", path.display()))?;
+    let tmp = temp_path(path)?;
     if path.is_dir() {
         anyhow::bail!("{} is a folder, not a file", path.display());
     }
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
     let written = write(&tmp).and_then(|_| {
         std::fs::rename(&tmp, path)
             .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
@@ -72,6 +61,24 @@ pub fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> R
         std::fs::remove_file(&tmp).ok();
     }
     written
+}
+
+/// The temporary file this process writes `path` through: `.NAME.<pid>.tmp` in
+/// the same folder (a rename then puts it in place; [`clean_stale_temps`]
+/// knows the name).
+pub fn temp_path(path: &Path) -> Result<PathBuf> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?;
+    Ok(dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
 }
 
 thread_local! {

@@ -313,7 +313,7 @@ impl<'v> DatasetWriter<'v> {
                 p.display()
             );
         }
-        let tmp = dir.join(format!(".{TOKENS_FILE}.{}.tmp", std::process::id()));
+        let tmp = crate::util::temp_path(&dir.join(TOKENS_FILE))?;
         let file = std::fs::File::create(&tmp)
             .with_context(|| format!("cannot create {}", tmp.display()))?;
         Ok(DatasetWriter {
