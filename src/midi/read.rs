@@ -208,37 +208,11 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
                 )));
             }
             seen += 1;
-            let what = match ev.kind {
-                TrackEventKind::Midi { channel, message } => {
-                    let ch = channel.as_int();
-                    match message {
-                        MidiMessage::ProgramChange { program } => What::Program {
-                            ch,
-                            program: program.as_int(),
-                        },
-                        MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => What::On {
-                            ch,
-                            key: key.as_int(),
-                            vel: vel.as_int(),
-                        },
-                        MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
-                            What::Off {
-                                ch,
-                                key: key.as_int(),
-                            }
-                        }
-                        _ => continue,
-                    }
-                }
-                TrackEventKind::Meta(MetaMessage::Tempo(us)) => What::Tempo(us.as_int()),
-                TrackEventKind::Meta(MetaMessage::TimeSignature(num, den_pow, _, _)) => {
-                    What::TimeSig { num, den_pow }
-                }
-                TrackEventKind::Meta(MetaMessage::EndOfTrack) => {
-                    ended = true;
-                    continue;
-                }
-                _ => continue,
+            if let TrackEventKind::Meta(MetaMessage::EndOfTrack) = ev.kind {
+                ended = true;
+            }
+            let Some(what) = What::of(ev.kind) else {
+                continue;
             };
             events.push(Event {
                 tick,
@@ -380,6 +354,42 @@ enum What {
         num: u8,
         den_pow: u8,
     },
+}
+
+impl What {
+    /// What a MIDI event does to the score, or `None` for the events it ignores
+    /// (controllers, bends, aftertouch, system and meta events but tempo and time
+    /// signature).
+    fn of(kind: TrackEventKind) -> Option<What> {
+        Some(match kind {
+            TrackEventKind::Midi { channel, message } => {
+                let ch = channel.as_int();
+                match message {
+                    MidiMessage::ProgramChange { program } => What::Program {
+                        ch,
+                        program: program.as_int(),
+                    },
+                    MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => What::On {
+                        ch,
+                        key: key.as_int(),
+                        vel: vel.as_int(),
+                    },
+                    MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
+                        What::Off {
+                            ch,
+                            key: key.as_int(),
+                        }
+                    }
+                    _ => return None,
+                }
+            }
+            TrackEventKind::Meta(MetaMessage::Tempo(us)) => What::Tempo(us.as_int()),
+            TrackEventKind::Meta(MetaMessage::TimeSignature(num, den_pow, _, _)) => {
+                What::TimeSig { num, den_pow }
+            }
+            _ => return None,
+        })
+    }
 }
 
 /// (track, channel, pitch): notes pair first-in first-out within one key.
