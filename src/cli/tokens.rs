@@ -273,10 +273,6 @@ pub fn inspect(a: InspectArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Files per chunk of `tokenize`: enough to keep every thread busy, few
-/// enough that a chunk's tokens are a few megabytes.
-const TOKENIZE_CHUNK: usize = 1024;
-
 pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     dataset::check_output_dir(&a.output, a.force)?;
@@ -298,17 +294,9 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
         .progress_chars("=> "),
     );
     let t0 = Instant::now();
-    // Files are tokenized a chunk at a time (in parallel within a chunk) and
-    // their pieces written as they come, in input order: memory stays
-    // bounded by one chunk's tokens whatever the size of the corpus.
+    // pieces are written as they come: memory stays bounded whatever the corpus
     let mut writer = dataset::DatasetWriter::create(&a.output, &vocab)?;
-    for chunk in files.chunks(TOKENIZE_CHUNK) {
-        let results =
-            pool.install(|| dataset::tokenize_files_with(chunk, &vocab, &limits, &|| pb.inc(1)));
-        for ((path, rel), r) in chunk.iter().zip(results) {
-            writer.push(path, rel, r)?;
-        }
-    }
+    pool.install(|| writer.tokenize(&files, &limits, &|| pb.inc(1)))?;
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     if writer.pieces() == 0 {

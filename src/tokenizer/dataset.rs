@@ -264,6 +264,10 @@ pub fn write_dataset(
     w.finish()
 }
 
+/// Files per chunk of [`DatasetWriter::tokenize`]: enough to keep every thread
+/// busy, few enough that a chunk's tokens are a few megabytes.
+pub const TOKENIZE_CHUNK: usize = 1024;
+
 /// Writes a dataset one file's result at a time, so that a corpus of any
 /// size is tokenized in bounded memory: each piece's ids go straight to a
 /// temporary `tokens.bin` in the dataset folder, and only the piece index
@@ -385,6 +389,25 @@ impl<'v> DatasetWriter<'v> {
         self.tokens += len;
         self.notes += t.notes as u64;
         self.input_bytes += t.bytes;
+        Ok(())
+    }
+
+    /// Tokenizes `files` and adds their results in input order, a chunk of
+    /// [`TOKENIZE_CHUNK`] files at a time, in parallel within a chunk (on the
+    /// current rayon pool), calling `progress` after each file: memory stays
+    /// bounded by one chunk's tokens whatever the number of files.
+    pub fn tokenize(
+        &mut self,
+        files: &[(PathBuf, String)],
+        limits: &Limits,
+        progress: &(dyn Fn() + Sync),
+    ) -> Result<()> {
+        for chunk in files.chunks(TOKENIZE_CHUNK) {
+            let results = tokenize_files_with(chunk, self.vocab, limits, progress);
+            for ((path, rel), r) in chunk.iter().zip(results) {
+                self.push(path, rel, r)?;
+            }
+        }
         Ok(())
     }
 

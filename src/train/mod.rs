@@ -103,8 +103,9 @@ pub fn resolve_dataset(data: &Path, run_dir: &Path, vocab: &Vocab) -> Result<Pat
         files.len(),
         data.display()
     );
-    let results = dataset::tokenize_files(&files, vocab, &|| {});
-    let m = dataset::write_dataset(&out, vocab, &files, results)?;
+    let mut writer = dataset::DatasetWriter::create(&out, vocab)?;
+    writer.tokenize(&files, &crate::limits::Limits::default(), &|| {})?;
+    let m = writer.finish()?;
     for s in &m.skipped {
         eprintln!("skipped {}: {}", s.path, s.reason);
     }
