@@ -135,7 +135,7 @@ impl HostFeatures {
         let n = self.proj.len() / self.dim;
         let sq = x.iter().map(|v| v * v).sum::<f32>() / 2.0;
         for (j, row) in self.proj.chunks_exact(self.dim).enumerate() {
-            let u = crate::model::host_dot(x, row);
+            let u = crate::model::host::dot(x, row);
             out[j] = u - sq;
             if self.antithetic {
                 out[n + j] = -u - sq;

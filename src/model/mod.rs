@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod favor;
+pub(crate) mod host;
 pub mod noise;
 pub mod spe;
 pub mod transformer;
@@ -36,23 +37,4 @@ pub(crate) fn as_kind(t: &Tensor, kind: Kind) -> Tensor {
 pub(crate) fn host_f32(t: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(&as_kind(t, Kind::Float).contiguous().view([-1]))
         .expect("a tensor that converts to f32 on the host")
-}
-
-/// Dot product in eight lanes, which the compiler turns into vector instructions (a plain
-/// sum of f32 products must keep its order and stays scalar).
-pub(crate) fn host_dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }

@@ -43,15 +43,19 @@ use crate::model::config::{
 use crate::model::favor::{
     causal_linear_attention, host_recurrent_step, recurrent_step, FavorFeatures, HostFeatures,
 };
+use crate::model::host::{self, HostLinear, HostNorm};
 use crate::model::noise;
 use crate::model::spe::{
     draw_xi, frozen_xi, host_filter, spe_filter_with, ConvSpe, GateFactors, HostSine, SineFactors,
     SineSpe, SpeCode,
 };
-use crate::model::{as_kind, host_dot, host_f32};
+use crate::model::{as_kind, host_f32};
 
 /// Seed of the noise/features a freshly built model is frozen with.
 pub const DEFAULT_SEED: u64 = 0;
+
+/// The epsilon of every layer norm of the model (libtorch's default).
+const NORM_EPS: f64 = 1e-5;
 
 #[derive(Debug)]
 struct Block {
@@ -136,9 +140,37 @@ struct StepCache {
     sine: Vec<Option<SineFactors>>,
     /// Per layer: the gate of the gated SPE filter with the frozen xi.
     gates: Vec<Option<GateFactors>>,
-    /// Host copies for [`host_favor_step`], where the model allows it
+    /// Host copies for [`Transformer::host_step`], where the model allows it
     /// ([`Transformer::host_favor`]).
-    favor: Option<Arc<HostFavor>>,
+    host: Option<Arc<HostStep>>,
+}
+
+/// What [`Transformer::host_step`] reads: host copies of the weights and of the frozen
+/// factors of the FAVOR+ heads.
+#[derive(Debug)]
+struct HostStep {
+    favor: HostFavor,
+    /// (V, d) token embeddings.
+    embed: Vec<f32>,
+    /// sqrt(d) with scaled embeddings.
+    embed_scale: Option<f32>,
+    layers: Vec<HostLayer>,
+    final_norm: HostNorm,
+    /// The output head (the embeddings when tied).
+    head: HostLinear,
+    /// d^-1/2 for the legacy scaled tied head.
+    head_scale: Option<f32>,
+}
+
+/// One block's weights on the host.
+#[derive(Debug)]
+struct HostLayer {
+    norm1: HostNorm,
+    qkv: HostLinear,
+    out: HostLinear,
+    norm2: HostNorm,
+    ff1: HostLinear,
+    ff2: HostLinear,
 }
 
 /// What [`host_favor_step`] reads, as host copies of the frozen factors of the FAVOR+ heads.
@@ -164,7 +196,7 @@ impl StepCache {
                 .iter()
                 .map(|g| g.as_ref().map(GateFactors::share))
                 .collect(),
-            favor: self.favor.clone(),
+            host: self.host.clone(),
         }
     }
 }
@@ -314,7 +346,10 @@ impl Transformer {
         }
         for i in 0..cfg.n_layers {
             let p = vs.sub("layers").sub(i);
-            let ln = || nn::LayerNormConfig::default();
+            let ln = || nn::LayerNormConfig {
+                eps: NORM_EPS,
+                ..Default::default()
+            };
             let gate = (cfg.positional.is_spe() && gated).then(|| {
                 p.var(
                     "spe_gate",
@@ -347,7 +382,14 @@ impl Transformer {
                 conv,
             });
         }
-        let final_norm = nn::layer_norm(vs.sub("final_norm"), vec![d], Default::default());
+        let final_norm = nn::layer_norm(
+            vs.sub("final_norm"),
+            vec![d],
+            nn::LayerNormConfig {
+                eps: NORM_EPS,
+                ..Default::default()
+            },
+        );
         let head = (!cfg.tie_embeddings).then(|| lin(vs.sub("head"), d, cfg.vocab_size, 0.02));
         let train_features = match &cfg.attention {
             AttentionKind::Favor {
@@ -596,13 +638,41 @@ impl Transformer {
                     .map(|g| GateFactors::new(g, &self.frozen.xi[i]))
             })
             .collect();
-        let favor = self.host_favor(&sine, &gates).map(Arc::new);
-        StepCache { sine, gates, favor }
+        let host = self.host_favor(&sine, &gates).map(|favor| {
+            let cfg = &self.cfg;
+            let d = cfg.d_model as f64;
+            Arc::new(HostStep {
+                favor,
+                embed: host_f32(&self.embed),
+                embed_scale: cfg.scaled_embeddings.then(|| d.sqrt() as f32),
+                layers: self
+                    .blocks
+                    .iter()
+                    .map(|b| HostLayer {
+                        norm1: HostNorm::of(&b.norm1, NORM_EPS),
+                        qkv: HostLinear::of(&b.qkv),
+                        out: HostLinear::of(&b.out),
+                        norm2: HostNorm::of(&b.norm2, NORM_EPS),
+                        ff1: HostLinear::of(&b.ff1),
+                        ff2: HostLinear::of(&b.ff2),
+                    })
+                    .collect(),
+                final_norm: HostNorm::of(&self.final_norm, NORM_EPS),
+                head: match &self.head {
+                    Some(h) => HostLinear::of(h),
+                    None => HostLinear::new(&self.embed, None),
+                },
+                head_scale: (self.head.is_none() && cfg.scaled_embeddings)
+                    .then(|| d.powf(-0.5) as f32),
+            })
+        });
+        StepCache { sine, gates, host }
     }
 
-    /// The host copies of [`host_favor_step`], for a model that it can step: FAVOR+ heads
-    /// filtered by SineSPE codes, f32 on the CPU, and local heads (if any) with RoPE, which
-    /// [`host_ring_step`] runs on the host too.
+    /// The host copies of [`host_favor_step`], for a model whose whole step
+    /// [`Transformer::host_step`] can take: FAVOR+ heads filtered by SineSPE codes, f32 on
+    /// the CPU, local heads (if any) with RoPE, which [`host_ring_step`] runs on the host
+    /// too, and no short convolution.
     fn host_favor(
         &self,
         sine: &[Option<SineFactors>],
@@ -666,6 +736,13 @@ impl Transformer {
     pub fn step(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
         let b = tokens.size()[0];
         self.check_state(state, b);
+        if let Some(hs) = state.cache.host.clone() {
+            if state.windows.iter().flatten().all(host_step_ok) {
+                let ids = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu).view([-1]))
+                    .expect("int64 token ids");
+                return self.host_step(&ids, state, &hs);
+            }
+        }
         tch::no_grad(|| {
             self.run(
                 &tokens.view([b, 1]),
@@ -675,6 +752,80 @@ impl Transformer {
             )
         })
         .squeeze_dim(1)
+    }
+
+    /// [`Transformer::step`] done wholly on the host (`ids`: one token per sequence), for a
+    /// CPU f32 SineSPE FAVOR+ model ([`Transformer::host_favor`]): the projections, norms
+    /// and feed-forward layers with the kernels of [`host`], the local heads with
+    /// [`host_ring_step`] and the FAVOR+ heads with [`host_favor_step`], the state
+    /// updated in place. The same math as [`Transformer::run`]'s step, summed in another
+    /// order; at batch 1 it costs about the reading of the weights, where the libtorch
+    /// step paid as much again in calls.
+    fn host_step(&self, ids: &[i64], state: &mut RecurrentState, hs: &HostStep) -> Tensor {
+        let cfg = &self.cfg;
+        let b = ids.len();
+        let (d, h, hd, hl) = (
+            cfg.d_model as usize,
+            cfg.n_heads as usize,
+            cfg.head_dim() as usize,
+            cfg.local_heads as usize,
+        );
+        let vocab = cfg.vocab_size as usize;
+        let offset = state.position;
+        let mut x = Vec::with_capacity(b * d);
+        for &t in ids {
+            assert!(
+                (0..vocab as i64).contains(&t),
+                "token id {t} outside the vocabulary of {vocab}"
+            );
+            x.extend_from_slice(&hs.embed[t as usize * d..][..d]);
+        }
+        if let Some(sc) = hs.embed_scale {
+            x.iter_mut().for_each(|v| *v *= sc);
+        }
+        // this position's codes, per SineSPE code (one when shared)
+        let codes: Vec<(Vec<f32>, Vec<f32>)> = hs
+            .favor
+            .codes
+            .iter()
+            .map(|c| (c.code_at(offset, true), c.code_at(offset, false)))
+            .collect();
+        let add = |x: &mut [f32], y: &[f32]| x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+        for (i, layer) in hs.layers.iter().enumerate() {
+            let qkv = layer.qkv.apply(&layer.norm1.apply(&x), b);
+            // (B, H, D): the local heads, then the FAVOR+ ones
+            let mut att = vec![0f32; b * d];
+            if hl > 0 {
+                let ring = state.windows[i]
+                    .as_mut()
+                    .expect("a state begun by this model has a window per layer");
+                let local = host_ring_step(&qkv, b, hl, d, hd, offset, ring);
+                for (a, l) in att.chunks_exact_mut(d).zip(local.chunks_exact(hl * hd)) {
+                    a[..hl * hd].copy_from_slice(l);
+                }
+            }
+            let LayerState::Favor { s, z } = &mut state.layers[i] else {
+                unreachable!("a host step is for FAVOR+ models")
+            };
+            let code = &codes[if codes.len() == 1 { 0 } else { i }];
+            let favor = host_favor_step(&qkv, b, hl, h, hd, &hs.favor, i, code, s, z);
+            for (a, f) in att
+                .chunks_exact_mut(d)
+                .zip(favor.chunks_exact((h - hl) * hd))
+            {
+                a[hl * hd..].copy_from_slice(f);
+            }
+            add(&mut x, &layer.out.apply(&att, b));
+            let mut ff = layer.ff1.apply(&layer.norm2.apply(&x), b);
+            host::gelu(&mut ff);
+            add(&mut x, &layer.ff2.apply(&ff, b));
+        }
+        let mut logits = hs.head.apply(&hs.final_norm.apply(&x), b);
+        if let Some(sc) = hs.head_scale {
+            logits.iter_mut().for_each(|v| *v *= sc);
+        }
+        state.position = offset + 1;
+        Tensor::from_slice(&logits).view([b as i64, vocab as i64])
     }
 
     /// Codes (qbar, kbar), each (L, H, D, R), for every SPE code over positions offset..offset+L.
@@ -800,33 +951,11 @@ impl Transformer {
 
         let (h0, _) = self.spe_heads();
         let rope = h0 > 0;
+        // (a CPU f32 step of a SineSPE FAVOR+ model goes to host_step instead; here its
+        // RoPE local heads still run on the host, host_ring_step)
         let host_step =
             rope && mode == Mode::Step && self.device == Device::Cpu && kind == Kind::Float;
-        // A CPU f32 generation step of a SineSPE FAVOR+ model runs its FAVOR+ heads on the
-        // host (host_favor_step), with this position's codes formed there too, when its
-        // local heads (if any) run there as well: then no layer needs the libtorch codes.
-        let host_favor = match (mode, state.as_deref()) {
-            (Mode::Step, Some(st))
-                if self.device == Device::Cpu
-                    && kind == Kind::Float
-                    && (cfg.local_heads == 0
-                        || (host_step && st.windows.iter().flatten().all(host_step_ok))) =>
-            {
-                st.cache.favor.clone()
-            }
-            _ => None,
-        };
-        let host_codes: Vec<(Vec<f32>, Vec<f32>)> = host_favor.as_deref().map_or(vec![], |hf| {
-            hf.codes
-                .iter()
-                .map(|c| (c.code_at(offset, true), c.code_at(offset, false)))
-                .collect()
-        });
-        let codes = if host_favor.is_some() {
-            vec![]
-        } else {
-            self.window_codes(offset, l, mode, &mut state)
-        };
+        let codes = self.window_codes(offset, l, mode, &mut state);
         let shared = self.codes.len() == 1;
         let r = cfg.positional.realizations();
 
@@ -882,10 +1011,10 @@ impl Transformer {
                     .and_then(|s| s.windows[i].as_ref())
                     .is_some_and(host_step_ok);
             // the layer's projections on the host, for the host steps
-            let rows = (on_host || host_favor.is_some()).then(|| host_f32(&qkv));
+            let rows = on_host.then(|| host_f32(&qkv));
             let host_local = |ring: &mut KvRing| {
                 let rows = rows.as_deref().expect("on_host: rows taken above");
-                host_ring_step(
+                let out = host_ring_step(
                     rows,
                     b as usize,
                     hl as usize,
@@ -893,34 +1022,10 @@ impl Transformer {
                     hd as usize,
                     offset,
                     ring,
-                )
-            };
-            let att = if let Some(hf) = host_favor.as_deref() {
-                debug_assert_eq!(l, 1, "a step is one position");
-                let st = state.as_deref_mut().expect("a step has a state");
-                let local = (hl > 0)
-                    .then(|| host_local(st.windows[i].as_mut().expect("on_host: checked above")));
-                let LayerState::Favor { s, z } = &mut st.layers[i] else {
-                    unreachable!("state/attention mismatch")
-                };
-                let code = &host_codes[if hf.codes.len() == 1 { 0 } else { i }];
-                let favor = host_favor_step(
-                    rows.as_deref().expect("rows taken above"),
-                    b as usize,
-                    hl as usize,
-                    h as usize,
-                    hd as usize,
-                    hf,
-                    i,
-                    code,
-                    s,
-                    z,
                 );
-                match local {
-                    Some(l) => Tensor::cat(&[&l, &favor], 1),
-                    None => favor,
-                }
-            } else {
+                Tensor::from_slice(&out).view([b, hl, 1, hd])
+            };
+            let att = {
                 // RoPE local heads take their own queries and keys; SPE filters heads h0..h:
                 // only the FAVOR+ heads then, every head otherwise (the local ones taken from
                 // it below).
@@ -1387,7 +1492,7 @@ pub(crate) fn ring_attention(q: &Tensor, k: &Tensor, v: &Tensor, ring: &mut KvRi
 /// [`rope`] then [`ring_attention`], in f32 (angles formed in f64), summed in another
 /// order. `qkv` is the layer's projection for this position, (B, 3 * H_all * D) rows on
 /// the host, whose heads 0..hl (of each third) are the local ones; returns their outputs
-/// (B, hl, 1, D). Only for a CPU ring of contiguous f32 tensors: see [`host_step_ok`].
+/// (B, hl, D). Only for a CPU ring of contiguous f32 tensors: see [`host_step_ok`].
 pub(crate) fn host_ring_step(
     qkv: &[f32],
     batch: usize,
@@ -1396,12 +1501,12 @@ pub(crate) fn host_ring_step(
     dim: usize,
     position: i64,
     ring: &mut KvRing,
-) -> Tensor {
+) -> Vec<f32> {
     debug_assert!(host_step_ok(ring));
     let slot = ring.take_slot() as usize;
     if batch == 0 {
         // (an empty tensor's data pointer may be null)
-        return Tensor::zeros([0, hl as i64, 1, dim as i64], (Kind::Float, Device::Cpu));
+        return vec![];
     }
     let held = ring.len as usize;
     let cap = ring.capacity() as usize;
@@ -1443,7 +1548,7 @@ pub(crate) fn host_ring_step(
             vb[base + slot * dim..base + (slot + 1) * dim].copy_from_slice(at(2));
             let keys = &kb[base..base + held * dim];
             for (sc, key) in scores.iter_mut().zip(keys.chunks_exact(dim)) {
-                *sc = host_dot(&q, key) / scale;
+                *sc = host::dot(&q, key) / scale;
             }
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let mut sum = 0f32;
@@ -1463,7 +1568,7 @@ pub(crate) fn host_ring_step(
             }
         }
     }
-    Tensor::from_slice(&out).view([batch as i64, hl as i64, 1, dim as i64])
+    out
 }
 
 impl std::fmt::Debug for HostFavor {
@@ -1483,7 +1588,7 @@ impl std::fmt::Debug for HostFavor {
 /// [`recurrent_step`], in f32, summed in another order. `qkv` is the layer's projection for
 /// this position, (B, 3 * H * D) rows; `code` is this position's (qbar, kbar) of the FAVOR+
 /// heads, each (H', D, R). The state s (B, H', M, D) and z (B, H', M) is updated in place
-/// (made contiguous first if it is not). Returns the outputs (B, H', 1, D).
+/// (made contiguous first if it is not). Returns the outputs (B, H', D).
 #[allow(clippy::too_many_arguments)]
 fn host_favor_step(
     qkv: &[f32],
@@ -1496,7 +1601,7 @@ fn host_favor_step(
     code: &(Vec<f32>, Vec<f32>),
     s: &mut Tensor,
     z: &mut Tensor,
-) -> Tensor {
+) -> Vec<f32> {
     let hf = h - hl;
     let d_model = h * dim;
     let r = code.0.len() / (hf * dim);
@@ -1515,10 +1620,9 @@ fn host_favor_step(
             && z.numel() == batch * hf * m,
         "FAVOR+ state of another shape, kind or device"
     );
-    let out_shape = [batch as i64, hf as i64, 1, dim as i64];
     if batch == 0 {
         // (an empty tensor's data pointer may be null)
-        return Tensor::zeros(out_shape, (Kind::Float, Device::Cpu));
+        return vec![];
     }
     let (sp, zp) = (s.data_ptr() as *mut f32, z.data_ptr() as *mut f32);
     assert!(
@@ -1564,7 +1668,7 @@ fn host_favor_step(
             );
         }
     }
-    Tensor::from_slice(&out).view(out_shape)
+    out
 }
 
 /// Whether [`host_ring_step`] may work on `ring`'s storage in place.
