@@ -12,11 +12,13 @@
 //! (`local_position = "shared"`) or on their own queries and keys turned by RoPE
 //! (`"rope"`, [`rope`]; SPE then filters only the FAVOR+ heads).
 //!
-//! A generation step of a CPU f32 model runs its attention on the host where it can
-//! ([`host_ring_step`] for RoPE local heads, [`host_favor_step`] for SineSPE FAVOR+ heads),
-//! in one pass per layer and with the state updated in place; everything else (and every
-//! other device or dtype) goes through libtorch. Both paths give the same logits up to
-//! summation order, which the recurrence == parallel tests check for every variant.
+//! A generation step of a CPU f32 SineSPE FAVOR+ model (local heads, if any, with RoPE; no
+//! short convolution) runs wholly on the host ([`Transformer::host_step`]): its dense layers
+//! with the kernels of [`crate::model::host`], its RoPE local heads with [`host_ring_step`]
+//! and its FAVOR+ heads with [`host_favor_step`], the state updated in place. Other models
+//! step through libtorch (RoPE local heads still on the host where their ring allows it).
+//! Both paths give the same logits up to summation order, which the recurrence == parallel
+//! tests check for every variant.
 //!
 //! Noise policy:
 //! * `forward_t(train = true)`: fresh SPE noise (Z or conv noise, and every layer's gate xi)
