@@ -1,5 +1,6 @@
 //! The dense parts of a generation step on the host: a CPU f32 model's linear layers,
-//! layer norms and GELU for a handful of rows, without a libtorch call.
+//! layer norms and GELU for a handful of rows, in plain loops (libtorch's matrix product
+//! from [`LIBTORCH_FROM_BATCH`] rows).
 //!
 //! At batch 1 a step's matrix products are matrix-vector products whose cost is reading
 //! the weights once; libtorch adds a dispatch, an allocation and a tensor per operation,
@@ -67,6 +68,10 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
 /// `out = x w^T + bias` for `batch` rows: w (N, K) row-major (a `nn::Linear` weight),
 /// x (batch, K), out (batch, N). Each weight row is read once for every row of x.
 pub(crate) fn linear(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
+    if batch == 0 {
+        assert!(x.is_empty() && out.is_empty(), "linear: rows for batch 0");
+        return;
+    }
     let n = out.len() / batch.max(1);
     let k = x.len() / batch.max(1);
     assert!(
@@ -233,6 +238,12 @@ impl HostLinear {
             w: super::host_f32(w),
             b: b.map(super::host_f32),
         }
+    }
+
+    /// Row `i` of the weight (K).
+    pub fn row(&self, i: usize) -> &[f32] {
+        let k = self.w.len() / self.n.max(1);
+        &self.w[i * k..(i + 1) * k]
     }
 
     /// `x w^T + b` for `batch` rows of x.

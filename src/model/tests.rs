@@ -94,6 +94,11 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_window = 4;
     c.local_position = LocalPosition::Rope;
     out.push(("spe-sine gated per-layer antithetic, 1 rope local head", c));
+    // the host step's tied heads: the scaled legacy form (logits x E^T d^-1/2)
+    let mut c = with("spe-sine");
+    c.tie_embeddings = true;
+    c.scaled_embeddings = true;
+    out.push(("spe-sine tied scaled embeddings", c));
     let mut c = with("spe-conv");
     c.local_heads = 1;
     c.local_window = 4;
@@ -212,6 +217,32 @@ fn recurrence_matches_parallel_every_variant() {
             }
         }
     }
+}
+
+#[test]
+fn host_steps_match_the_parallel_form_at_every_batch() {
+    // the shipped shape's kind of model: RoPE local heads and gated SineSPE FAVOR+ heads;
+    // batch 5 hands the step's products to libtorch, batch 0 has nothing to step
+    let mut cfg = ModelConfig::preset("tiny", V).unwrap();
+    cfg.local_heads = 2;
+    cfg.local_window = 6;
+    cfg.local_position = LocalPosition::Rope;
+    let (_vs, mut m) = build(&cfg, 7);
+    m.freeze(9);
+    for batch in [1, 5] {
+        let toks = tokens(batch, 30, 7);
+        let full = m.forward_t(&toks, 0, false);
+        let mut st = m.begin(batch);
+        let _ = m.prefill(&toks.narrow(1, 0, 12), &mut st);
+        for i in 12..30 {
+            let e = rel(&m.step(&toks.select(1, i), &mut st), &full.select(1, i));
+            assert!(e < 1e-4, "batch {batch}: step at {i} differs ({e})");
+        }
+    }
+    let mut st = m.begin(0);
+    let lg = m.step(&Tensor::zeros([0], (Kind::Int64, Device::Cpu)), &mut st);
+    assert_eq!(lg.size(), [0, V]);
+    assert_eq!(st.position, 1);
 }
 
 #[test]

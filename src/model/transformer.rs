@@ -112,7 +112,9 @@ impl LayerState {
 
 /// Decoding state: everything needed to continue a batch of sequences at `position`.
 /// With FAVOR+ its size is constant (per layer and head S (M x Dv) and z (M), f32, plus one
-/// ring buffer of the last k noise columns per ConvSPE code, shared by the batch).
+/// ring buffer of the last k noise columns per ConvSPE code, shared by the batch). A state
+/// whose steps run on the host ([`Transformer::host_step`]) also shares, with its copies,
+/// one host copy of the weights, made by `begin`.
 #[derive(Debug)]
 pub struct RecurrentState {
     /// Absolute position of the next token.
@@ -152,8 +154,8 @@ struct StepCache {
 #[derive(Debug)]
 struct HostStep {
     favor: HostFavor,
-    /// (V, d) token embeddings.
-    embed: Vec<f32>,
+    /// (V, d) token embeddings; None with a tied head, whose weight they are.
+    embed: Option<Vec<f32>>,
     /// sqrt(d) with scaled embeddings.
     embed_scale: Option<f32>,
     layers: Vec<HostLayer>,
@@ -645,7 +647,7 @@ impl Transformer {
             let d = cfg.d_model as f64;
             Arc::new(HostStep {
                 favor,
-                embed: host_f32(&self.embed),
+                embed: self.head.is_some().then(|| host_f32(&self.embed)),
                 embed_scale: cfg.scaled_embeddings.then(|| d.sqrt() as f32),
                 layers: self
                     .blocks
@@ -738,8 +740,12 @@ impl Transformer {
     pub fn step(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
         let b = tokens.size()[0];
         self.check_state(state, b);
+        assert_eq!(tokens.dim(), 1, "step takes one token per sequence, (B,)");
         if let Some(hs) = state.cache.host.clone() {
-            if state.windows.iter().flatten().all(host_step_ok) {
+            if self.device == Device::Cpu
+                && self.param_kind() == Kind::Float
+                && state.windows.iter().flatten().all(host_step_ok)
+            {
                 let ids = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu).view([-1]))
                     .expect("int64 token ids");
                 return self.host_step(&ids, state, &hs);
@@ -780,7 +786,10 @@ impl Transformer {
                 (0..vocab as i64).contains(&t),
                 "token id {t} outside the vocabulary of {vocab}"
             );
-            x.extend_from_slice(&hs.embed[t as usize * d..][..d]);
+            x.extend_from_slice(match &hs.embed {
+                Some(e) => &e[t as usize * d..][..d],
+                None => hs.head.row(t as usize),
+            });
         }
         if let Some(sc) = hs.embed_scale {
             x.iter_mut().for_each(|v| *v *= sc);
@@ -953,8 +962,9 @@ impl Transformer {
 
         let (h0, _) = self.spe_heads();
         let rope = h0 > 0;
-        // (a CPU f32 step of a SineSPE FAVOR+ model goes to host_step instead; here its
-        // RoPE local heads still run on the host, host_ring_step)
+        // (a CPU f32 step of a SineSPE FAVOR+ model goes to host_step instead; the RoPE
+        // local heads of a CPU f32 step of other models still run on the host here,
+        // host_ring_step)
         let host_step =
             rope && mode == Mode::Step && self.device == Device::Cpu && kind == Kind::Float;
         let codes = self.window_codes(offset, l, mode, &mut state);
@@ -1504,7 +1514,11 @@ pub(crate) fn host_ring_step(
     position: i64,
     ring: &mut KvRing,
 ) -> Vec<f32> {
-    debug_assert!(host_step_ok(ring));
+    assert!(
+        host_step_ok(ring)
+            && ring.k.size() == [batch as i64, hl as i64, ring.capacity(), dim as i64],
+        "host_ring_step: a ring of another shape, kind or device"
+    );
     let slot = ring.take_slot() as usize;
     if batch == 0 {
         // (an empty tensor's data pointer may be null)

@@ -490,8 +490,10 @@ pub fn generate_until(
 
 /// Libtorch threads for the recurrent steps of a batch of `batch` sequences
 /// on the CPU, given `available` threads (the prompt is read with all of
-/// them). One step is a few hundred small operations (matrix-vector products
-/// at batch 1), too small to share among threads: measured on 2 cores with
+/// them). One step is small (matrix-vector products at batch 1; a CPU f32
+/// step of the shipped shape does its arithmetic on the host, in one thread,
+/// below batch 4: see `Transformer::step`), too small to share among threads:
+/// measured on 2 cores with
 /// the shipped model, 1 thread gives 783 tokens/s at batch 1 against 562 with
 /// 2, and the same at batch 8 (2,797 against 2,776). One thread also keeps a
 /// busy neighbour process from stalling every step, since libtorch's OpenMP
