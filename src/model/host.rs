@@ -13,22 +13,43 @@
 //! `layer_norm`, `gelu("none")`) up to the order of f32 sums; the tests check each one
 //! against libtorch.
 
-/// Dot product of two equal-length slices, in 16 lanes, with the widest vector
-/// instructions this CPU has (AVX-512, else AVX2, else the baseline SSE2).
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
+/// The widest vector instructions this CPU has, of those the kernels are compiled for
+/// (the crate itself is built for the baseline x86-64, SSE2).
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Isa {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+/// [`Isa`] of this CPU (the standard library caches the detection).
+fn widest() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { dot_avx512(a, b) };
+            return Isa::Avx512;
         }
         if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { dot_avx2(a, b) };
+            return Isa::Avx2;
         }
     }
-    dot_lanes(a, b)
+    Isa::Baseline
+}
+
+/// Dot product of two equal-length slices, in 16 lanes, with the widest vector
+/// instructions this CPU has.
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    match widest() {
+        // SAFETY: `widest` found the CPU to have these instructions.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { dot_avx512(a, b) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { dot_avx2(a, b) },
+        _ => dot_lanes(a, b),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -72,8 +93,8 @@ pub(crate) fn linear(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, o
         assert!(x.is_empty() && out.is_empty(), "linear: rows for batch 0");
         return;
     }
-    let n = out.len() / batch.max(1);
-    let k = x.len() / batch.max(1);
+    let n = out.len() / batch;
+    let k = x.len() / batch;
     assert!(
         w.len() == n * k && out.len() == batch * n && x.len() == batch * k,
         "linear: weight {} for ({batch}, {k}) -> ({batch}, {n})",
@@ -83,18 +104,15 @@ pub(crate) fn linear(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, o
         bias.is_none_or(|b| b.len() == n),
         "linear: bias of another size"
     );
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { linear_avx512(w, bias, x, batch, out) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { linear_avx2(w, bias, x, batch, out) };
-        }
+    match widest() {
+        // SAFETY: `widest` found the CPU to have these instructions.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { linear_avx512(w, bias, x, batch, out) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { linear_avx2(w, bias, x, batch, out) },
+        _ => linear_rows(w, bias, x, batch, out),
     }
-    linear_rows(w, bias, x, batch, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -116,9 +134,7 @@ unsafe fn linear_avx2(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, 
 /// (2-4% faster at batch 1 than one stream, on the Xeon of the README's tables).
 #[inline(always)]
 fn linear_rows(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
-    if batch == 0 {
-        return;
-    }
+    // (batch > 0: see `linear`)
     let n = out.len() / batch;
     let k = x.len() / batch;
     let bias_of = |o: usize| bias.map_or(0.0, |b| b[o]);

@@ -348,12 +348,12 @@ impl Transformer {
         if cfg.positional.is_spe() && shared {
             codes.push(make_code(vs.sub("spe")));
         }
+        let ln = || nn::LayerNormConfig {
+            eps: NORM_EPS,
+            ..Default::default()
+        };
         for i in 0..cfg.n_layers {
             let p = vs.sub("layers").sub(i);
-            let ln = || nn::LayerNormConfig {
-                eps: NORM_EPS,
-                ..Default::default()
-            };
             let gate = (cfg.positional.is_spe() && gated).then(|| {
                 p.var(
                     "spe_gate",
@@ -386,14 +386,7 @@ impl Transformer {
                 conv,
             });
         }
-        let final_norm = nn::layer_norm(
-            vs.sub("final_norm"),
-            vec![d],
-            nn::LayerNormConfig {
-                eps: NORM_EPS,
-                ..Default::default()
-            },
-        );
+        let final_norm = nn::layer_norm(vs.sub("final_norm"), vec![d], ln());
         let head = (!cfg.tie_embeddings).then(|| lin(vs.sub("head"), d, cfg.vocab_size, 0.02));
         let train_features = match &cfg.attention {
             AttentionKind::Favor {
@@ -965,7 +958,7 @@ impl Transformer {
         // (a CPU f32 step of a SineSPE FAVOR+ model goes to host_step instead; the RoPE
         // local heads of a CPU f32 step of other models still run on the host here,
         // host_ring_step)
-        let host_step =
+        let ring_on_host =
             rope && mode == Mode::Step && self.device == Device::Cpu && kind == Kind::Float;
         let codes = self.window_codes(offset, l, mode, &mut state);
         let shared = self.codes.len() == 1;
@@ -1017,7 +1010,7 @@ impl Transformer {
             let k = k.view([b, l, h, hd]);
             let v = v.view([b, l, h, hd]).permute([0, 2, 1, 3]);
             let hl = cfg.local_heads;
-            let on_host = host_step
+            let on_host = ring_on_host
                 && state
                     .as_deref()
                     .and_then(|s| s.windows[i].as_ref())
