@@ -1,7 +1,47 @@
 //! Bakes an rpath to libtorch into the binaries so that `cadenza` runs without
-//! LD_LIBRARY_PATH. `DEP_TCH_LIBTORCH_LIB` is exported by torch-sys (links = "tch")
+//! LD_LIBRARY_PATH, and compiles the one C++ file of the crate,
+//! `src/model/spe_filter.cpp` (a libtorch autograd function: `tch` has no way to
+//! define one in Rust), against the same libtorch headers and C++ ABI as
+//! torch-sys. `DEP_TCH_LIBTORCH_LIB` is exported by torch-sys (links = "tch")
 //! and reaches this crate because it depends on torch-sys directly.
 use std::path::Path;
+
+/// The fused SPE filter (see the file's header) with the flags torch-sys uses
+/// for its own C++ (C++ ABI, PIC), optimized, and with float reassociation so
+/// that its dot products vectorize (the file says where that moves the floats).
+fn compile_kernels(lib: &Path) {
+    let src = "src/model/spe_filter.cpp";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+    let include = lib.parent().map(|p| p.join("include")).unwrap_or_default();
+    cc::Build::new()
+        .cpp(true)
+        .pic(true)
+        .warnings(false)
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .flag("-DGLOG_USE_GLOG_EXPORT")
+        .opt_level(3)
+        .flag("-fno-math-errno")
+        .flag("-fassociative-math")
+        .flag("-fno-signed-zeros")
+        .flag("-fno-trapping-math")
+        .flag("-ffp-contract=fast")
+        // at::parallel_for is a header template over `#pragma omp parallel`
+        // (libtorch's OpenMP backend): without -fopenmp it runs serially
+        .flag("-fopenmp")
+        // (GCC notes that passing 64-byte vectors by value changed ABI in 4.6)
+        .flag("-Wno-psabi")
+        .file(src)
+        .compile("cadenza_kernels");
+    // after the static library, so that its references to libtorch resolve
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
+}
 
 /// Link CUDA only for a full (CUDA) torch install: the slim CPU install also
 /// ships libtorch_cuda.so, but without the CUDA libraries it needs.
@@ -20,14 +60,15 @@ fn wants_cuda(lib: &Path) -> bool {
 
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
-    if let Ok(lib) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
-        // A CUDA libtorch registers its kernels from libtorch_cuda.so, which the
-        // linker would drop as unused without --no-as-needed.
-        if wants_cuda(Path::new(&lib)) {
-            println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
-            println!("cargo:rustc-link-arg=-ltorch_cuda");
-            println!("cargo:rustc-link-arg=-ltorch");
-        }
+    let lib = std::env::var("DEP_TCH_LIBTORCH_LIB")
+        .expect("torch-sys exports DEP_TCH_LIBTORCH_LIB (links = \"tch\")");
+    compile_kernels(Path::new(&lib));
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    // A CUDA libtorch registers its kernels from libtorch_cuda.so, which the
+    // linker would drop as unused without --no-as-needed.
+    if wants_cuda(Path::new(&lib)) {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+        println!("cargo:rustc-link-arg=-ltorch_cuda");
+        println!("cargo:rustc-link-arg=-ltorch");
     }
 }

@@ -442,8 +442,24 @@ pub fn spe_filter(x: &Tensor, code: &Tensor, gate: Option<(&Tensor, &Tensor)>) -
 }
 
 /// [`spe_filter`] with the gate in the form it uses (shared by the queries
-/// and keys of a layer, and by all the steps of a generation).
+/// and keys of a layer, and by all the steps of a generation). On the CPU in
+/// f32 it is one fused autograd function ([`fused_filter`]); elsewhere the
+/// libtorch form ([`spe_filter_libtorch`]).
 pub fn spe_filter_with(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
+    let fused = x.device() == Device::Cpu
+        && x.kind() == Kind::Float
+        && code.kind() == Kind::Float
+        && gate.is_none_or(|g| g.a.kind() == Kind::Float && g.xi_b.kind() == Kind::Float);
+    if fused {
+        fused_filter(x, code, gate)
+    } else {
+        spe_filter_libtorch(x, code, gate)
+    }
+}
+
+/// [`spe_filter_with`] in libtorch calls: what the GPU and f64 take, and what
+/// the tests hold [`fused_filter`] to.
+pub fn spe_filter_libtorch(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
     match gate {
         None => x.permute([1, 2, 0, 3]).matmul(code).permute([2, 1, 0, 3]),
         Some(gf) => {
@@ -455,6 +471,56 @@ pub fn spe_filter_with(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) ->
             let t2 = x.permute([0, 2, 1, 3]).matmul(&gf.xi_b);
             t1 + t2
         }
+    }
+}
+
+mod ffi {
+    use std::ffi::c_char;
+    use torch_sys::C_tensor;
+
+    // src/model/spe_filter.cpp, compiled by build.rs
+    extern "C" {
+        pub fn cadenza_spe_filter(
+            x: *const C_tensor,
+            code: *const C_tensor,
+            a: *const C_tensor,
+            xi: *const C_tensor,
+        ) -> *mut C_tensor;
+        pub fn cadenza_spe_filter_error() -> *const c_char;
+    }
+}
+
+/// The gated SPE filter of [`spe_filter_with`] as one libtorch autograd function
+/// (`src/model/spe_filter.cpp`): each (position, head) is one pass over its
+/// code block for the whole batch, forward and backward, where libtorch runs
+/// L H tiny products with an inner dimension of B in the backward. CPU, f32;
+/// returns (B, H, L, R) contiguous.
+///
+/// # Panics
+/// On inputs of another device, kind or shape than the filter's (a caller's
+/// bug; [`spe_filter_with`] routes only CPU f32 here).
+pub fn fused_filter(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
+    let x = if x.stride().last() == Some(&1) {
+        x.shallow_clone()
+    } else {
+        x.contiguous()
+    };
+    let code = code.contiguous();
+    let gate = gate.map(|g| (g.a.contiguous(), g.xi_b.contiguous()));
+    let (a, xi) = match &gate {
+        Some((a, xi)) => (a.as_ptr(), xi.as_ptr()),
+        None => (std::ptr::null(), std::ptr::null()),
+    };
+    // SAFETY: every pointer is a live tensor handle (or null where the C++ side
+    // takes an absent gate); a non-null result is a new tensor that the returned
+    // Tensor owns and frees.
+    unsafe {
+        let out = ffi::cadenza_spe_filter(x.as_ptr(), code.as_ptr(), a, xi);
+        if out.is_null() {
+            let why = std::ffi::CStr::from_ptr(ffi::cadenza_spe_filter_error());
+            panic!("fused SPE filter: {}", why.to_string_lossy());
+        }
+        Tensor::from_ptr(out)
     }
 }
 
@@ -599,6 +665,97 @@ mod tests {
         let err = (&est - &th).norm().double_value(&[]) / th.norm().double_value(&[]);
         eprintln!("est {est:?}\nth {th:?}\nrel err {err}");
         err
+    }
+
+    /// Values and gradients (of x, the code, a and xi_b) of `fused_filter` and
+    /// `spe_filter_libtorch` for the same inputs and upstream gradient.
+    fn fused_against_libtorch(b: i64, l: i64, h: i64, d: i64, r: i64, gated: bool) -> f64 {
+        let mut rng = ChaCha8Rng::seed_from_u64((b * 1000 + l * 10 + r) as u64);
+        let f32_leaf = |rng: &mut ChaCha8Rng, shape: &[i64]| {
+            randn64(rng, shape)
+                .to_kind(Kind::Float)
+                .set_requires_grad(true)
+        };
+        // x as the model has it: a view of wider rows (unit stride over D only)
+        let wide = f32_leaf(&mut rng, &[b, l, 3 * h * d]);
+        let code = f32_leaf(&mut rng, &[l, h, d, r]);
+        let a = f32_leaf(&mut rng, &[h, d]);
+        let xi = f32_leaf(&mut rng, &[h, d, r]);
+        let up = randn64(&mut rng, &[b, h, l, r]).to_kind(Kind::Float);
+        let run = |fused: bool| {
+            for t in [&wide, &code, &a, &xi] {
+                let mut g = t.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let x = wide.narrow(2, h * d, h * d).view([b, l, h, d]);
+            let gate = gated.then(|| GateFactors {
+                a: a.shallow_clone(),
+                xi_b: xi.shallow_clone(),
+            });
+            let out = if fused {
+                fused_filter(&x, &code, gate.as_ref())
+            } else {
+                spe_filter_libtorch(&x, &code, gate.as_ref())
+            };
+            (&out * &up).sum(Kind::Float).backward();
+            let mut parts = vec![out.detach().copy(), wide.grad().copy(), code.grad().copy()];
+            if gated {
+                parts.push(a.grad().copy());
+                parts.push(xi.grad().copy());
+            }
+            parts
+        };
+        let (got, want) = (run(true), run(false));
+        got.iter()
+            .zip(&want)
+            .map(|(g, w)| {
+                assert_eq!(g.size(), w.size());
+                (g - w).abs().max().double_value(&[]) / (w.abs().max().double_value(&[]) + 1e-12)
+            })
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn fused_filter_matches_libtorch_values_and_gradients() {
+        // R = 32 and 16 take the compile-time kernels, 8 and 5 the run-time one
+        for &(b, l, h, d, r, gated) in &[
+            (2, 7, 2, 64, 32, true),
+            (3, 5, 2, 16, 32, false),
+            (1, 9, 3, 8, 16, true),
+            (4, 3, 1, 6, 8, true),
+            (2, 1, 2, 4, 5, false),
+            (1, 4, 2, 5, 5, true),
+            // enough items (position, head) for the threads to split them, each
+            // with its own partial sums of the gate's gradients
+            (2, 300, 2, 16, 32, true),
+        ] {
+            let err = fused_against_libtorch(b, l, h, d, r, gated);
+            assert!(
+                err < 1e-5,
+                "B {b} L {l} H {h} D {d} R {r} gated {gated}: relative error {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn fused_filter_without_grad_and_at_empty_batch() {
+        let x = Tensor::randn([0, 4, 2, 8], (Kind::Float, Device::Cpu));
+        let code = Tensor::randn([4, 2, 8, 16], (Kind::Float, Device::Cpu));
+        assert_eq!(fused_filter(&x, &code, None).size(), [0, 2, 4, 16]);
+        let x = Tensor::randn([2, 4, 2, 8], (Kind::Float, Device::Cpu));
+        let got = tch::no_grad(|| fused_filter(&x, &code, None));
+        let want = spe_filter_libtorch(&x, &code, None);
+        assert!((got - want).abs().max().double_value(&[]) < 1e-5);
+    }
+
+    #[test]
+    #[should_panic(expected = "does not fit")]
+    fn fused_filter_rejects_a_code_of_another_shape() {
+        let x = Tensor::zeros([1, 4, 2, 8], (Kind::Float, Device::Cpu));
+        let code = Tensor::zeros([5, 2, 8, 16], (Kind::Float, Device::Cpu));
+        let _ = fused_filter(&x, &code, None);
     }
 
     #[test]
