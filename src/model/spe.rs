@@ -152,19 +152,7 @@ impl SineSpe {
     /// [`SineSpe::codes`] from precomputed [`SineSpe::factors`] (of every head, or of the
     /// heads [`SineFactors::heads`] kept: the codes then have as many).
     pub fn codes_from(&self, f: &SineFactors, start: i64, len: i64) -> (Tensor, Tensor) {
-        let dev = self.freqs.device();
-        let kind = self.freqs.kind();
-        let (h, d, k) = (f.zg.size()[0], self.dim, self.sines);
-        // f * m in cycles is formed in f64 and reduced mod 1 (frac has unit gradient) before
-        // going back to the params' kind: large positions keep their phase precision while the
-        // cos/sin tensors saved for backward stay in f32.
-        let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).view([-1, 1, 1, 1]);
-        let cycles = (&f.cycles * pos).frac().to_kind(kind); // (L, H, D, K)
-        let kph = cycles * (2.0 * PI);
-        let qph = &kph + &f.offsets;
-        // interleaved [cos_0, sin_0, cos_1, sin_1, ...]
-        let omega =
-            |ph: &Tensor| Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([len, h, d, 2 * k]);
+        let (qo, ko) = self.omegas(f, start, len);
         let mk = |o: Tensor| -> Tensor {
             if len == 1 {
                 // A generation step: H * D products of (1, 2K) by (2K, R) are too small for a
@@ -178,7 +166,26 @@ impl SineSpe {
                 .permute([2, 0, 1, 3])
                 .contiguous()
         };
-        (mk(omega(&qph)), mk(omega(&kph)))
+        (mk(qo), mk(ko))
+    }
+
+    /// The interleaved cosines and sines [cos_0, sin_0, cos_1, ...] of the phases of
+    /// positions start..start+len, queries' and keys', each (L, H, D, 2K): a code is
+    /// these times [`SineFactors`]' zg, summed over 2K.
+    pub fn omegas(&self, f: &SineFactors, start: i64, len: i64) -> (Tensor, Tensor) {
+        let dev = self.freqs.device();
+        let kind = self.freqs.kind();
+        let (h, d, k) = (f.zg.size()[0], self.dim, self.sines);
+        // f * m in cycles is formed in f64 and reduced mod 1 (frac has unit gradient) before
+        // going back to the params' kind: large positions keep their phase precision while the
+        // cos/sin tensors saved for backward stay in f32.
+        let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).view([-1, 1, 1, 1]);
+        let cycles = (&f.cycles * pos).frac().to_kind(kind); // (L, H, D, K)
+        let kph = cycles * (2.0 * PI);
+        let qph = &kph + &f.offsets;
+        let omega =
+            |ph: &Tensor| Tensor::stack(&[ph.cos(), ph.sin()], -1).reshape([len, h, d, 2 * k]);
+        (omega(&qph), omega(&kph))
     }
 }
 
@@ -486,6 +493,16 @@ mod ffi {
             a: *const C_tensor,
             xi: *const C_tensor,
         ) -> *mut C_tensor;
+        pub fn cadenza_sine_filter(
+            x: *const C_tensor,
+            omega: *const C_tensor,
+            zg: *const C_tensor,
+            a: *const C_tensor,
+            xi: *const C_tensor,
+            cycles: *const C_tensor,
+            offsets: *const C_tensor,
+            start: i64,
+        ) -> *mut C_tensor;
         pub fn cadenza_spe_filter_error() -> *const c_char;
     }
 }
@@ -519,6 +536,65 @@ pub fn fused_filter(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Te
         if out.is_null() {
             let why = std::ffi::CStr::from_ptr(ffi::cadenza_spe_filter_error());
             panic!("fused SPE filter: {}", why.to_string_lossy());
+        }
+        Tensor::from_ptr(out)
+    }
+}
+
+/// Whether [`sine_filter`] takes a SineSPE of R realizations on this device and kind.
+pub fn sine_filter_applies(device: Device, kind: Kind, realizations: i64) -> bool {
+    device == Device::Cpu && kind == Kind::Float && matches!(realizations, 16 | 32 | 64)
+}
+
+/// SineSPE's filter with the codes formed inside it and never stored
+/// (`src/model/spe_filter.cpp`): the same values as [`spe_filter_with`] over
+/// [`SineSpe::codes_from`]'s codes, whose (L, H, D, R) tensors and their
+/// gradients were a stream of memory through every layer. `omega` is the
+/// query's or the key's half of [`SineSpe::omegas`] for positions start..start+L
+/// (taken as a constant: the gradients reach the frequencies, offsets and
+/// gains through `f`). CPU, f32, R in 16, 32, 64 ([`sine_filter_applies`]);
+/// returns (B, H, L, R) contiguous.
+///
+/// # Panics
+/// On inputs that do not fit (a caller's bug).
+pub fn sine_filter(
+    x: &Tensor,
+    omega: &Tensor,
+    f: &SineFactors,
+    gate: Option<&GateFactors>,
+    query: bool,
+    start: i64,
+) -> Tensor {
+    let x = if x.stride().last() == Some(&1) {
+        x.shallow_clone()
+    } else {
+        x.contiguous()
+    };
+    let omega = omega.detach().contiguous();
+    let zg = f.zg.contiguous();
+    let cycles = f.cycles.contiguous();
+    let offsets = query.then(|| f.offsets.contiguous());
+    let gate = gate.map(|g| (g.a.contiguous(), g.xi_b.contiguous()));
+    let (a, xi) = match &gate {
+        Some((a, xi)) => (a.as_ptr(), xi.as_ptr()),
+        None => (std::ptr::null(), std::ptr::null()),
+    };
+    let offsets = offsets.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
+    // SAFETY: as in fused_filter.
+    unsafe {
+        let out = ffi::cadenza_sine_filter(
+            x.as_ptr(),
+            omega.as_ptr(),
+            zg.as_ptr(),
+            a,
+            xi,
+            cycles.as_ptr(),
+            offsets,
+            start,
+        );
+        if out.is_null() {
+            let why = std::ffi::CStr::from_ptr(ffi::cadenza_spe_filter_error());
+            panic!("fused SineSPE filter: {}", why.to_string_lossy());
         }
         Tensor::from_ptr(out)
     }
@@ -735,6 +811,94 @@ mod tests {
             assert!(
                 err < 1e-5,
                 "B {b} L {l} H {h} D {d} R {r} gated {gated}: relative error {err}"
+            );
+        }
+    }
+
+    /// Values and gradients (of x, the SineSPE's frequencies, offsets and gains, the
+    /// gate and xi) of `sine_filter` and of the stored codes through `spe_filter_libtorch`.
+    fn sine_against_codes(b: i64, l: i64, d: i64, r: i64, gated: bool, query: bool) -> f64 {
+        let h = 2;
+        let mut rng = ChaCha8Rng::seed_from_u64((b * 1000 + l * 10 + r) as u64);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let spe = SineSpe::new(&vs.root(), h, d, 3, r, FreqInit::Spread);
+        let z = spe.draw_z();
+        let f32_leaf = |rng: &mut ChaCha8Rng, shape: &[i64]| {
+            randn64(rng, shape)
+                .to_kind(Kind::Float)
+                .set_requires_grad(true)
+        };
+        let wide = f32_leaf(&mut rng, &[b, l, 3 * h * d]);
+        let gate = f32_leaf(&mut rng, &[h, d]);
+        let xi = f32_leaf(&mut rng, &[h, d, r]);
+        let up = randn64(&mut rng, &[b, h, l, r]).to_kind(Kind::Float);
+        let start = 1000;
+        let leaves = [&wide, &gate, &xi, &spe.freqs, &spe.offsets, &spe.gains];
+        let run = |fused: bool| {
+            for t in leaves {
+                let mut g = t.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            let x = wide.narrow(2, h * d, h * d).view([b, l, h, d]);
+            let gf = gated.then(|| GateFactors::new(&gate, &xi));
+            let f = spe.factors(&z);
+            let out = if fused {
+                let (qo, ko) = spe.omegas(&f, start, l);
+                sine_filter(
+                    &x,
+                    if query { &qo } else { &ko },
+                    &f,
+                    gf.as_ref(),
+                    query,
+                    start,
+                )
+            } else {
+                let (qb, kb) = spe.codes_from(&f, start, l);
+                spe_filter_libtorch(&x, if query { &qb } else { &kb }, gf.as_ref())
+            };
+            (&out * &up).sum(Kind::Float).backward();
+            let mut parts = vec![
+                out.detach().copy(),
+                wide.grad().copy(),
+                spe.freqs.grad().copy(),
+                spe.gains.grad().copy(),
+            ];
+            if query {
+                parts.push(spe.offsets.grad().copy());
+            }
+            if gated {
+                parts.push(gate.grad().copy());
+                parts.push(xi.grad().copy());
+            }
+            parts
+        };
+        let (got, want) = (run(true), run(false));
+        got.iter()
+            .zip(&want)
+            .map(|(g, w)| {
+                assert_eq!(g.size(), w.size());
+                (g - w).abs().max().double_value(&[]) / (w.abs().max().double_value(&[]) + 1e-12)
+            })
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn sine_filter_matches_the_stored_codes() {
+        // L = 21 and 3: whole blocks of 8 positions and a short last one; 300: the
+        // threads split the blocks, each with its own partial sums
+        for &(b, l, d, r, gated, query) in &[
+            (2, 21, 16, 32, true, true),
+            (3, 3, 8, 16, true, false),
+            (1, 21, 4, 64, false, true),
+            (2, 300, 16, 32, true, true),
+            (2, 17, 8, 32, false, false),
+        ] {
+            let err = sine_against_codes(b, l, d, r, gated, query);
+            assert!(
+                err < 2e-5,
+                "B {b} L {l} D {d} R {r} gated {gated} query {query}: relative error {err}"
             );
         }
     }

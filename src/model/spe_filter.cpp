@@ -31,6 +31,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -251,6 +252,243 @@ CADENZA_INLINE void backward_items(const Shapes& s, const float* x, const float*
   }
 }
 
+// ---------------------------------------------------------------------------
+// SineSPE: the filter with the code formed inside it, never stored.
+//
+// A SineSPE code is code[m, h, d, :] = sum_k omega[m, h, d, k] zg[h, d, k, :]
+// (omega: the interleaved cos and sin of the phases, 2K of them; zg: the
+// noise times the gains, (H, D, 2K, R)). Stored, the codes of a window are
+// (L, H, D, R): 16 KB per position at the shipped shape, read by every
+// layer's filter and written back as gradients, which made the filter a
+// stream of memory. Formed here, a code block costs D 2K R multiply-adds
+// over omega (D 2K floats per position) and zg (read from cache, shared by
+// a block of P positions of one head).
+//
+// The backward gives the gradients of x, zg, the gate and, rather than one of
+// omega (as big as the codes), those of the phases' parameters directly: with
+// dc[m] = a u[m] the code's gradient (see the header) and
+// dphase[m, k'] = -sin[m, k'] (dc[m] . zg[2k']) + cos[m, k'] (dc[m] . zg[2k' + 1]),
+//   d offsets[k'] = sum_m dphase[m, k'] = -zg[2k'] . dzg[2k' + 1] + zg[2k' + 1] . dzg[2k']
+//   d cycles[k']  = 2 pi sum_m pos_m dphase[m, k']   (the same with w for dzg)
+// where dzg[k] = sum_m omega[m, k] dc[m] and w[k] = sum_m pos_m omega[m, k] dc[m]
+// (phase = 2 pi frac(cycles pos) + offset; frac has a unit gradient).
+
+struct SineArgs {
+  Shapes s;
+  int64_t k2;     // 2K
+  int64_t start;  // the position of m = 0
+  int64_t nblk;   // blocks of positions per head
+  const float* x;
+  const float* omega;  // (L, H, D, 2K)
+  const float* zg;     // (H, D, 2K, R)
+  const float* a;      // (H, D) when gated
+  const float* xi;     // (H, D, R) when gated
+  float* out;          // forward: (B, H, L, R)
+  const float* g;      // backward: (B, H, L, R), contiguous
+  float* dx;           // (B, L, H, D), or null
+  float* da;           // this thread's (H, D), or null
+  float* dxi;          // this thread's (H, D, R), or null
+  float* dzg;          // this thread's (H, D, 2K, R), or null
+  float* w;            // this thread's (H, D, 2K, R), or null
+};
+
+// Positions per block: the code rows of a block stay in registers.
+constexpr int64_t kBlock = 8;
+
+// c[p] = the code rows (feature d) of positions m0 .. m0 + P of head h.
+template <int RR, int P>
+CADENZA_INLINE void sine_code_rows(const SineArgs& q, int64_t h, int64_t m0, int64_t d,
+                                   vf (&c)[P][RR / kLanes]) {
+  constexpr int NV = RR / kLanes;
+  const int64_t D = q.s.d, K2 = q.k2, step = q.s.h * D * K2;
+  const float* zd = q.zg + (h * D + d) * K2 * RR;
+  const float* od = q.omega + ((m0 * q.s.h + h) * D + d) * K2;
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) c[p][j] = zero();
+  for (int64_t k = 0; k < K2; ++k) {
+    vf z[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) z[j] = load(zd + k * RR + kLanes * j);
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
+      const float o = od[p * step + k];
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) c[p][j] += o * z[j];
+    }
+  }
+}
+
+// The outputs of positions m0 .. m0 + P of head h; acc: P B R floats of scratch.
+template <int RR, bool G, int P>
+CADENZA_INLINE void sine_forward_block(const SineArgs& q, int64_t h, int64_t m0, float* acc) {
+  constexpr int NV = RR / kLanes;
+  const Shapes& s = q.s;
+  const int64_t D = s.d;
+  for (int64_t i = 0; i < P * s.b * RR; ++i) acc[i] = 0.f;
+  for (int64_t d = 0; d < D; ++d) {
+    vf c[P][NV];
+    sine_code_rows<RR, P>(q, h, m0, d, c);
+    vf n[NV];
+    const float ad = G ? q.a[h * D + d] : 1.f;
+    if (G) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) n[j] = load(q.xi + (h * D + d) * RR + kLanes * j);
+    }
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
+      const float* xp = q.x + (m0 + p) * s.sxm + h * s.sxh + d;
+      for (int64_t b = 0; b < s.b; ++b) {
+        const float xd = xp[b * s.sxb];
+        float* ar = acc + (p * s.b + b) * RR;
+        if (G) {
+          const float xa = xd * ad;
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j)
+            store(ar + kLanes * j, load(ar + kLanes * j) + xa * c[p][j] + xd * n[j]);
+        } else {
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) store(ar + kLanes * j, load(ar + kLanes * j) + xd * c[p][j]);
+        }
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int64_t b = 0; b < s.b; ++b)
+      std::memcpy(q.out + ((b * s.h + h) * s.l + m0 + p) * RR, acc + (p * s.b + b) * RR,
+                  RR * sizeof(float));
+}
+
+template <int RR, bool G, int P>
+CADENZA_INLINE void sine_backward_block(const SineArgs& q, int64_t h, int64_t m0) {
+  constexpr int NV = RR / kLanes;
+  const Shapes& s = q.s;
+  const int64_t D = s.d, K2 = q.k2, step = s.h * D * K2;
+  for (int64_t d = 0; d < D; ++d) {
+    vf c[P][NV];
+    sine_code_rows<RR, P>(q, h, m0, d, c);
+    const float ad = G ? q.a[h * D + d] : 1.f;
+    vf n[NV], dn[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      n[j] = G ? load(q.xi + (h * D + d) * RR + kLanes * j) : zero();
+      dn[j] = zero();
+    }
+    float da = 0.f;
+    vf dc[P][NV];
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
+      vf e[NV], u[NV];
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) {
+        e[j] = G ? ad * c[p][j] + n[j] : c[p][j];
+        u[j] = zero();
+      }
+      const float* xp = q.x + (m0 + p) * s.sxm + h * s.sxh + d;
+      const float* gp = q.g + (h * s.l + m0 + p) * RR;
+      float* dxp = q.dx ? q.dx + ((m0 + p) * s.h + h) * D + d : nullptr;
+      for (int64_t b = 0; b < s.b; ++b) {
+        const float* gr = gp + b * s.h * s.l * RR;
+        const float xd = xp[b * s.sxb];
+        vf pr = zero();
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) {
+          const vf gj = load(gr + kLanes * j);
+          pr += gj * e[j];
+          u[j] += xd * gj;
+        }
+        if (dxp) dxp[b * s.l * s.h * D] = hsum(pr);
+      }
+      if (G && q.da) {
+        vf pr = zero();
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) pr += c[p][j] * u[j];
+        da += hsum(pr);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) {
+        dn[j] += u[j];
+        dc[p][j] = ad * u[j];
+      }
+    }
+    if (G && q.da) q.da[h * D + d] += da;
+    if (G && q.dxi) {
+      float* r = q.dxi + (h * D + d) * RR;
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) store(r + kLanes * j, load(r + kLanes * j) + dn[j]);
+    }
+    const float* od = q.omega + ((m0 * s.h + h) * D + d) * K2;
+    if (q.dzg) {
+      for (int64_t k = 0; k < K2; ++k) {
+        float* r = q.dzg + ((h * D + d) * K2 + k) * RR;
+        vf t[NV];
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) t[j] = load(r + kLanes * j);
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) {
+          const float o = od[p * step + k];
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) t[j] += o * dc[p][j];
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) store(r + kLanes * j, t[j]);
+      }
+    }
+    if (q.w) {
+      for (int64_t k = 0; k < K2; ++k) {
+        float* r = q.w + ((h * D + d) * K2 + k) * RR;
+        vf t[NV];
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) t[j] = load(r + kLanes * j);
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) {
+          const float o = od[p * step + k] * static_cast<float>(q.start + m0 + p);
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) t[j] += o * dc[p][j];
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) store(r + kLanes * j, t[j]);
+      }
+    }
+  }
+}
+
+// Items are (head, block of kBlock positions), head-major, so that a thread
+// keeps to one head's zg; the last block of a head may be short, and takes
+// its positions one at a time.
+CADENZA_INLINE void block_of(const SineArgs& q, int64_t i, int64_t& h, int64_t& m0, int64_t& np) {
+  h = i / q.nblk;
+  m0 = (i % q.nblk) * kBlock;
+  np = std::min(kBlock, q.s.l - m0);
+}
+
+template <int RR, bool G>
+CADENZA_INLINE void sine_forward_items(const SineArgs& q, float* acc, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t h, m0, np;
+    block_of(q, i, h, m0, np);
+    if (np == kBlock) {
+      sine_forward_block<RR, G, kBlock>(q, h, m0, acc);
+    } else {
+      for (int64_t p = 0; p < np; ++p) sine_forward_block<RR, G, 1>(q, h, m0 + p, acc);
+    }
+  }
+}
+
+template <int RR, bool G>
+CADENZA_INLINE void sine_backward_items(const SineArgs& q, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t h, m0, np;
+    block_of(q, i, h, m0, np);
+    if (np == kBlock) {
+      sine_backward_block<RR, G, kBlock>(q, h, m0);
+    } else {
+      for (int64_t p = 0; p < np; ++p) sine_backward_block<RR, G, 1>(q, h, m0 + p);
+    }
+  }
+}
+
 // One entry per (R, gated) case, compiled for AVX-512, AVX2 + FMA and the
 // baseline, picked at run time (the crate is built for baseline x86-64).
 enum class Isa { V4, V3, Base };
@@ -294,6 +532,44 @@ CADENZA_VARIANTS(backward_items,
                   const float* xi, const float* g, const Grads& out, int64_t begin,
                   int64_t end),
                  (s, x, code, a, xi, g, out, begin, end))
+
+CADENZA_VARIANTS(sine_forward_items, (const SineArgs& q, float* acc, int64_t begin, int64_t end),
+                 (q, acc, begin, end))
+CADENZA_VARIANTS(sine_backward_items, (const SineArgs& q, int64_t begin, int64_t end),
+                 (q, begin, end))
+
+template <int RR, bool G, typename... Args>
+void sine_forward_isa(Args... args) {
+  switch (widest()) {
+    case Isa::V4: sine_forward_items_v4<RR, G>(args...); break;
+    case Isa::V3: sine_forward_items_v3<RR, G>(args...); break;
+    default: sine_forward_items_base<RR, G>(args...); break;
+  }
+}
+
+template <int RR, bool G, typename... Args>
+void sine_backward_isa(Args... args) {
+  switch (widest()) {
+    case Isa::V4: sine_backward_items_v4<RR, G>(args...); break;
+    case Isa::V3: sine_backward_items_v3<RR, G>(args...); break;
+    default: sine_backward_items_base<RR, G>(args...); break;
+  }
+}
+
+// R = 16, 32 or 64 (checked before).
+template <bool G, typename... Args>
+void sine_forward_dispatch(int64_t r, Args... args) {
+  if (r == 32) return sine_forward_isa<32, G>(args...);
+  if (r == 64) return sine_forward_isa<64, G>(args...);
+  sine_forward_isa<16, G>(args...);
+}
+
+template <bool G, typename... Args>
+void sine_backward_dispatch(int64_t r, Args... args) {
+  if (r == 32) return sine_backward_isa<32, G>(args...);
+  if (r == 64) return sine_backward_isa<64, G>(args...);
+  sine_backward_isa<16, G>(args...);
+}
 
 template <int RR, bool G, typename... Args>
 void forward_dispatch_isa(Args... args) {
@@ -443,6 +719,126 @@ struct PlainFilter : public torch::autograd::Function<PlainFilter> {
   }
 };
 
+// SineSPE's filter with the codes formed inside (see the kernels above).
+// a and xi are empty when ungated; offsets is empty on the key side (no
+// offsets there). Returns the gradients of x, zg, a, xi, cycles and offsets.
+struct SineFilter : public torch::autograd::Function<SineFilter> {
+  static SineArgs args_of(const Tensor& x, const Tensor& omega, const Tensor& zg, const Tensor& a,
+                          const Tensor& xi, int64_t start) {
+    SineArgs q{};
+    q.s.b = x.size(0);
+    q.s.l = x.size(1);
+    q.s.h = x.size(2);
+    q.s.d = x.size(3);
+    q.s.r = zg.size(3);
+    q.s.sxb = x.stride(0);
+    q.s.sxm = x.stride(1);
+    q.s.sxh = x.stride(2);
+    q.k2 = zg.size(2);
+    q.start = start;
+    q.nblk = (q.s.l + kBlock - 1) / kBlock;
+    q.x = x.data_ptr<float>();
+    q.omega = omega.data_ptr<float>();
+    q.zg = zg.data_ptr<float>();
+    q.a = a.numel() > 0 ? a.data_ptr<float>() : nullptr;
+    q.xi = xi.numel() > 0 ? xi.data_ptr<float>() : nullptr;
+    return q;
+  }
+
+  // Blocks per task: about 2^17 multiply-adds of code forming each.
+  static int64_t grain_of(const SineArgs& q) {
+    return std::max<int64_t>(1, (1 << 17) / std::max<int64_t>(1, kBlock * q.s.d * q.k2 * q.s.r));
+  }
+
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& omega,
+                        const Tensor& zg, const Tensor& a, const Tensor& xi, const Tensor& cycles,
+                        const Tensor& offsets, int64_t start) {
+    ctx->save_for_backward({x, omega, zg, a, xi});
+    ctx->saved_data["start"] = start;
+    ctx->saved_data["query"] = offsets.numel() > 0;
+    SineArgs q = args_of(x, omega, zg, a, xi, start);
+    const bool gated = q.a != nullptr;
+    Tensor out = at::empty({q.s.b, q.s.h, q.s.l, q.s.r}, x.options());
+    q.out = out.data_ptr<float>();
+    at::parallel_for(0, q.s.h * q.nblk, grain_of(q), [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(kBlock * q.s.b * q.s.r);
+      if (gated)
+        sine_forward_dispatch<true>(q.s.r, q, acc.data(), begin, end);
+      else
+        sine_forward_dispatch<false>(q.s.r, q, acc.data(), begin, end);
+    });
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto v = ctx->get_saved_variables();
+    const Tensor &x = v[0], &omega = v[1], &zg = v[2], &a = v[3], &xi = v[4];
+    const int64_t start = ctx->saved_data["start"].toInt();
+    const bool query = ctx->saved_data["query"].toBool();
+    const Tensor g = grads[0].contiguous();
+    SineArgs q = args_of(x, omega, zg, a, xi, start);
+    q.g = g.data_ptr<float>();
+    const bool gated = q.a != nullptr;
+    const Shapes& s = q.s;
+    const bool want_dx = ctx->needs_input_grad(0);
+    const bool want_dzg = ctx->needs_input_grad(2);
+    const bool want_da = gated && ctx->needs_input_grad(3);
+    const bool want_dxi = gated && ctx->needs_input_grad(4);
+    const bool want_cycles = ctx->needs_input_grad(5);
+    const bool want_offsets = query && ctx->needs_input_grad(6);
+    const bool need_dzg = want_dzg || want_cycles || want_offsets;
+
+    Tensor dx;
+    if (want_dx) dx = at::empty({s.b, s.l, s.h, s.d}, x.options());
+    q.dx = want_dx ? dx.data_ptr<float>() : nullptr;
+    // per-thread partial sums, summed below
+    const int64_t threads = at::get_num_threads();
+    auto parts = [&](bool want, at::IntArrayRef shape) {
+      std::vector<int64_t> full{threads};
+      full.insert(full.end(), shape.begin(), shape.end());
+      return want ? at::zeros(full, x.options()) : Tensor();
+    };
+    const Tensor da_parts = parts(want_da, {s.h, s.d});
+    const Tensor dxi_parts = parts(want_dxi, {s.h, s.d, s.r});
+    const Tensor dzg_parts = parts(need_dzg, {s.h, s.d, q.k2, s.r});
+    const Tensor w_parts = parts(want_cycles, {s.h, s.d, q.k2, s.r});
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
+    float* pda = ptr(da_parts);
+    float* pdxi = ptr(dxi_parts);
+    float* pdzg = ptr(dzg_parts);
+    float* pw = ptr(w_parts);
+    at::parallel_for(0, s.h * q.nblk, grain_of(q), [&](int64_t begin, int64_t end) {
+      const int64_t t = at::get_thread_num();
+      SineArgs mine = q;
+      mine.da = pda ? pda + t * s.h * s.d : nullptr;
+      mine.dxi = pdxi ? pdxi + t * s.h * s.d * s.r : nullptr;
+      mine.dzg = pdzg ? pdzg + t * s.h * s.d * q.k2 * s.r : nullptr;
+      mine.w = pw ? pw + t * s.h * s.d * q.k2 * s.r : nullptr;
+      if (gated)
+        sine_backward_dispatch<true>(s.r, mine, begin, end);
+      else
+        sine_backward_dispatch<false>(s.r, mine, begin, end);
+    });
+
+    Tensor dzg, da, dxi, dcycles, doffsets;
+    if (want_da) da = da_parts.sum(0);
+    if (want_dxi) dxi = dxi_parts.sum(0);
+    if (need_dzg) {
+      const Tensor total = dzg_parts.sum(0);  // (H, D, 2K, R)
+      // the cos and sin rows of zg and of its gradient, (H, D, K, R) each
+      const Tensor zc = zg.slice(2, 0, q.k2, 2), zs = zg.slice(2, 1, q.k2, 2);
+      auto dphase = [&](const Tensor& t) {
+        return (zs * t.slice(2, 0, q.k2, 2) - zc * t.slice(2, 1, q.k2, 2)).sum(-1);  // (H, D, K)
+      };
+      if (want_offsets) doffsets = dphase(total).unsqueeze(0);
+      if (want_cycles)
+        dcycles = (dphase(w_parts.sum(0)).to(at::kDouble) * (2.0 * M_PI)).unsqueeze(0);
+      if (want_dzg) dzg = total;
+    }
+    return {dx, Tensor(), dzg, da, dxi, dcycles, doffsets, Tensor()};
+  }
+};
+
 thread_local std::string last_error;
 
 void check_inputs(const Tensor& x, const Tensor& code, const Tensor& a, const Tensor& xi) {
@@ -466,6 +862,35 @@ void check_inputs(const Tensor& x, const Tensor& code, const Tensor& a, const Te
   }
 }
 
+void check_sine_inputs(const Tensor& x, const Tensor& omega, const Tensor& zg, const Tensor& a,
+                       const Tensor& xi, const Tensor& cycles, const Tensor& offsets) {
+  TORCH_CHECK(x.dim() == 4 && omega.dim() == 4 && zg.dim() == 4,
+              "x (B, L, H, D), omega (L, H, D, 2K) and zg (H, D, 2K, R)");
+  for (const Tensor* t : {&x, &omega, &zg})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(),
+                "the fused SineSPE filter takes f32 CPU tensors");
+  TORCH_CHECK(x.stride(3) == 1, "x needs a unit stride over D");
+  TORCH_CHECK(omega.is_contiguous() && zg.is_contiguous(), "omega and zg must be contiguous");
+  const int64_t l = x.size(1), h = x.size(2), d = x.size(3), k2 = zg.size(2), r = zg.size(3);
+  TORCH_CHECK(omega.size(0) == l && omega.size(1) == h && omega.size(2) == d &&
+                  omega.size(3) == k2 && zg.size(0) == h && zg.size(1) == d && k2 % 2 == 0,
+              "omega ", omega.sizes(), " and zg ", zg.sizes(), " do not fit x ", x.sizes());
+  TORCH_CHECK(r == 16 || r == 32 || r == 64, "R must be 16, 32 or 64");
+  TORCH_CHECK(cycles.dim() == 4 && cycles.size(1) == h && cycles.size(2) == d &&
+                  cycles.size(3) == k2 / 2 && cycles.scalar_type() == at::kDouble,
+              "cycles is (1, H, D, K) f64");
+  TORCH_CHECK(offsets.numel() == 0 || offsets.sizes() == cycles.sizes(),
+              "offsets is (1, H, D, K)");
+  TORCH_CHECK(a.numel() > 0 == xi.numel() > 0, "a gate needs both a and xi");
+  if (a.numel() > 0) {
+    TORCH_CHECK(a.scalar_type() == at::kFloat && xi.scalar_type() == at::kFloat, "f32 gate");
+    TORCH_CHECK(a.is_contiguous() && xi.is_contiguous(), "a contiguous gate");
+    TORCH_CHECK(a.dim() == 2 && a.size(0) == h && a.size(1) == d, "a is (H, D)");
+    TORCH_CHECK(xi.dim() == 3 && xi.size(0) == h && xi.size(1) == d && xi.size(2) == r,
+                "xi is (H, D, R)");
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -482,6 +907,26 @@ at::Tensor* cadenza_spe_filter(const at::Tensor* x, const at::Tensor* code, cons
     check_inputs(*x, *code, ta, tn);
     if (ta.defined()) return new at::Tensor(GatedFilter::apply(*x, *code, ta, tn));
     return new at::Tensor(PlainFilter::apply(*x, *code));
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return nullptr;
+  }
+}
+
+// SineSPE's filter (SineFilter) as a new tensor, or null with the reason in
+// cadenza_spe_filter_error(). a and xi are null when ungated, offsets on the
+// key side.
+at::Tensor* cadenza_sine_filter(const at::Tensor* x, const at::Tensor* omega,
+                                const at::Tensor* zg, const at::Tensor* a, const at::Tensor* xi,
+                                const at::Tensor* cycles, const at::Tensor* offsets,
+                                int64_t start) {
+  try {
+    const Tensor empty = at::empty({0}, x->options());
+    const Tensor& ta = a ? *a : empty;
+    const Tensor& tn = xi ? *xi : empty;
+    const Tensor& to = offsets ? *offsets : empty;
+    check_sine_inputs(*x, *omega, *zg, ta, tn, *cycles, to);
+    return new at::Tensor(SineFilter::apply(*x, *omega, *zg, ta, tn, *cycles, to, start));
   } catch (const std::exception& e) {
     last_error = e.what();
     return nullptr;

@@ -48,8 +48,8 @@ use crate::model::favor::{
 use crate::model::host::{self, HostLinear, HostNorm};
 use crate::model::noise;
 use crate::model::spe::{
-    draw_xi, frozen_xi, host_filter, spe_filter_with, ConvSpe, GateFactors, HostSine, SineFactors,
-    SineSpe, SpeCode,
+    draw_xi, frozen_xi, host_filter, sine_filter, sine_filter_applies, spe_filter_with, ConvSpe,
+    GateFactors, HostSine, SineFactors, SineSpe, SpeCode,
 };
 use crate::model::{as_kind, host_f32};
 
@@ -135,6 +135,41 @@ pub struct RecurrentState {
     /// by [`Transformer::begin_at`]: a state belongs to the weights it was
     /// begun with.
     cache: StepCache,
+}
+
+/// One SPE code over a call's window of positions, as the filters take it.
+enum WindowCode {
+    /// Stored codes (qbar, kbar), each (L, H, D, R).
+    Stored(Tensor, Tensor),
+    /// SineSPE codes formed inside the fused filter ([`sine_filter`]): the factors, and
+    /// the cosines and sines of the queries' and keys' phases, each (L, H, D, 2K).
+    Sine {
+        factors: SineFactors,
+        omega_q: Tensor,
+        omega_k: Tensor,
+        start: i64,
+    },
+}
+
+impl WindowCode {
+    /// The filtered queries and keys, (B, H, L, R) each, of (B, L, H, D) q and k.
+    fn filter(&self, q: &Tensor, k: &Tensor, gate: Option<&GateFactors>) -> (Tensor, Tensor) {
+        match self {
+            WindowCode::Stored(qbar, kbar) => (
+                spe_filter_with(q, qbar, gate),
+                spe_filter_with(k, kbar, gate),
+            ),
+            WindowCode::Sine {
+                factors,
+                omega_q,
+                omega_k,
+                start,
+            } => (
+                sine_filter(q, omega_q, factors, gate, true, *start),
+                sine_filter(k, omega_k, factors, gate, false, *start),
+            ),
+        }
+    }
 }
 
 /// The position-independent factors of a step (see [`RecurrentState::cache`]).
@@ -832,19 +867,42 @@ impl Transformer {
         Tensor::from_slice(&logits).view([b as i64, vocab as i64])
     }
 
-    /// Codes (qbar, kbar), each (L, H, D, R), for every SPE code over positions offset..offset+L.
+    /// The codes of every SPE code over positions offset..offset+L: stored (qbar, kbar),
+    /// each (L, H, D, R), or, for SineSPE outside a generation step where the fused
+    /// filter applies, what forms them inside it.
     fn window_codes(
         &self,
         offset: i64,
         len: i64,
         mode: Mode,
         state: &mut Option<&mut RecurrentState>,
-    ) -> Vec<(Tensor, Tensor)> {
+    ) -> Vec<WindowCode> {
         let seed = self.frozen.seed;
         let (h0, n) = self.spe_heads();
         let mut ring_idx = 0;
         let mut out = Vec::with_capacity(self.codes.len());
+        let fused = mode != Mode::Step
+            && sine_filter_applies(
+                self.device,
+                self.param_kind(),
+                self.cfg.positional.realizations().unwrap_or(0),
+            );
         for (c, code) in self.codes.iter().enumerate() {
+            if let (SpeCode::Sine(s), true) = (code, fused) {
+                let factors = match mode {
+                    Mode::Eval => s.factors(self.frozen.z[c].as_ref().expect("frozen Z")),
+                    _ => s.factors(&s.draw_z()),
+                }
+                .heads(h0, n);
+                let (omega_q, omega_k) = tch::no_grad(|| s.omegas(&factors, offset, len));
+                out.push(WindowCode::Sine {
+                    factors,
+                    omega_q,
+                    omega_k,
+                    start: offset,
+                });
+                continue;
+            }
             let pair = match code {
                 SpeCode::Sine(s) => match mode {
                     Mode::Train => s.codes_from(&s.factors(&s.draw_z()).heads(h0, n), offset, len),
@@ -896,7 +954,7 @@ impl Transformer {
                 }
                 SpeCode::Sine(_) => pair,
             };
-            out.push(pair);
+            out.push(WindowCode::Stored(pair.0, pair.1));
         }
         out
     }
@@ -1051,7 +1109,7 @@ impl Transformer {
                     (q, k, None)
                 };
                 let (qa, ka) = if let Some(rr) = r {
-                    let (qbar, kbar) = &codes[if shared { 0 } else { i }];
+                    let code = &codes[if shared { 0 } else { i }];
                     let gate = blk.gate.as_ref().map(|g| match mode {
                         Mode::Train => GateFactors::new(g, &draw_xi(h, hd, rr, kind, self.device)),
                         Mode::Step => state
@@ -1063,10 +1121,7 @@ impl Transformer {
                     });
                     let gate = gate.map(|g| g.heads(h0, h - h0));
                     // (the codes are those of heads h0..h already: see window_codes)
-                    (
-                        spe_filter_with(&q, qbar, gate.as_ref()),
-                        spe_filter_with(&k, kbar, gate.as_ref()),
-                    )
+                    code.filter(&q, &k, gate.as_ref())
                 } else {
                     (q.permute([0, 2, 1, 3]), k.permute([0, 2, 1, 3]))
                 };
