@@ -1,7 +1,13 @@
-// The gated SPE filter on the CPU in f32, as one libtorch autograd function
-// (`tch` has no custom autograd Function, so this is C++; see spe.rs,
-// `spe_filter_with`, for the same math in libtorch calls, which the tests hold
-// this to, and ../../docs for the model).
+// The gated SPE filter on the CPU in f32, as libtorch autograd functions
+// (`tch` has no way to define one in Rust, so this is C++). Two of them:
+//
+// - the filter over stored codes (`cadenza_spe_filter`; ConvSPE, and the
+//   codes of a generation step), below;
+// - SineSPE's filter, which forms its codes inside and never stores them
+//   (`cadenza_sine_filter`; training and scoring), further down.
+//
+// src/model/spe.rs has the same math in libtorch calls (`spe_filter_libtorch`,
+// `SineSpe::codes_from`), which its tests hold these to.
 //
 //   x     (B, L, H, D)  queries or keys (any strides with unit stride over D)
 //   code  (L, H, D, R)  the SPE code of each position, shared by the batch
@@ -23,8 +29,15 @@
 //   da[h, d]         = sum_m code[m, h, d, :] . u[m, h, d, :]
 //   dxi[h, d, :]     = sum_m u[m, h, d, :]
 //
-// Floats: the sums run in another order than libtorch's, so results differ
-// from the libtorch form in the last bits (the tests allow 1e-5 relative).
+// Threads: at::parallel_for, libtorch's own OpenMP threads (build.rs compiles
+// this file with -fopenmp: the loop is a header template). Instruction sets:
+// each kernel is compiled for AVX-512, AVX2 + FMA and baseline x86-64 and
+// picked at run time.
+//
+// Floats: the sums run in another order than libtorch's (and build.rs lets
+// the compiler reassociate them), so results differ from the libtorch form
+// in the last bits; the tests allow 1e-5 relative (2e-5 for SineSPE, whose
+// reference goes through f64 phases).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -63,11 +76,17 @@ CADENZA_INLINE vf load(const float* p) { return *reinterpret_cast<const vfu*>(p)
 CADENZA_INLINE void store(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
 // (a float times or plus a vf is broadcast by the compiler)
 CADENZA_INLINE vf zero() { return vf{} ; }
+// The sum of the 16 lanes, as a tree of shuffles (4 shuffles and 4 adds).
+#if defined(__clang__)
+#define CADENZA_SHUFFLE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
+#else
+#define CADENZA_SHUFFLE(v, ...) __builtin_shuffle(v, vi{__VA_ARGS__})
+#endif
 CADENZA_INLINE float hsum(vf v) {
-  v = v + __builtin_shuffle(v, vi{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  v = v + __builtin_shuffle(v, vi{4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-  v = v + __builtin_shuffle(v, vi{2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-  v = v + __builtin_shuffle(v, vi{1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+  v = v + CADENZA_SHUFFLE(v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v = v + CADENZA_SHUFFLE(v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v = v + CADENZA_SHUFFLE(v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v = v + CADENZA_SHUFFLE(v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
   return v[0];
 }
 

@@ -1377,24 +1377,44 @@ pub(crate) fn banded_attention(
     window: i64,
     block: i64,
 ) -> Tensor {
-    let dk = q.size()[3];
     let dev = q.device();
     let c = block.min(window).max(1);
     let back = ((window - 1 + c - 1) / c) as usize; // earlier key blocks a query block reaches
     let (qs, ks, vs) = (q.split(c, 2), k.split(c, 2), v.split(c, 2));
+    // every whole block past the first `back` sees the same band: one mask for all
+    let mut shared: Option<Tensor> = None;
     let outs: Vec<Tensor> = (0..qs.len())
         .map(|j| {
             let j0 = j.saturating_sub(back);
             let (keys, vals) = (Tensor::cat(&ks[j0..=j], 2), Tensor::cat(&vs[j0..=j], 2));
             let (n, kn) = (qs[j].size()[2], keys.size()[2]);
-            let outside = outside_band(j as i64 * c, n, j0 as i64 * c, kn, window, dev);
-            (qs[j].matmul(&keys.transpose(-1, -2)) / (dk as f64).sqrt())
-                .masked_fill(&outside, f64::NEG_INFINITY)
-                .softmax(-1, None)
-                .matmul(&vals)
+            let band = || inside_band(j as i64 * c, n, j0 as i64 * c, kn, window, dev);
+            let mask = if j >= back && n == c {
+                shared.get_or_insert_with(band).shallow_clone()
+            } else {
+                band()
+            };
+            // libtorch's fused attention (scale 1/sqrt(dk)) with the band as its mask: no
+            // (n, kn) scores kept for the backward pass
+            Tensor::scaled_dot_product_attention::<Tensor>(
+                &qs[j],
+                &keys,
+                &vals,
+                Some(mask),
+                0.0,
+                false,
+                None,
+                false,
+            )
         })
         .collect();
     Tensor::cat(&outs, 2)
+}
+
+/// The (n, kn) mask of the scores inside the window (true where a query attends), for
+/// queries at positions first_q.. and keys at first_k..: 0 <= lag < window.
+fn inside_band(first_q: i64, n: i64, first_k: i64, kn: i64, window: i64, dev: Device) -> Tensor {
+    outside_band(first_q, n, first_k, kn, window, dev).logical_not()
 }
 
 /// The (n, kn) mask of the scores that fall outside the window, for queries at positions
