@@ -3,6 +3,12 @@
 //! Layout conventions: a *code* for a window of L positions is a pair (qbar, kbar) of
 //! (L, H, D, R) tensors (no batch dimension: noise is shared across the batch). Queries and
 //! keys are (B, L, H, D); after the filter they are (B, H, L, R).
+//!
+//! On the CPU in f32 the filter is a fused autograd function (`spe_filter.cpp`, next to
+//! this file): [`fused_filter`] over stored codes, and [`sine_filter`], which forms
+//! SineSPE's codes inside and never stores them or their gradient. Invariant: both give
+//! what [`spe_filter_libtorch`] gives over [`SineSpe::codes_from`]'s codes, values and
+//! gradients, up to the order of float sums (the tests allow 1e-5 and 2e-5 relative).
 
 use std::f64::consts::PI;
 
