@@ -1357,11 +1357,13 @@ pub(crate) fn window_attention(
 
 /// Queries per block of [`banded_attention`] (at most the window). A block of
 /// `BAND_BLOCK` queries computes `BAND_BLOCK * ceil((window - 1) / BAND_BLOCK) + BAND_BLOCK`
-/// scores per query where `window` are needed: at window 512, 640 where blocks of 512
-/// compute 1,024. Measured at window 512 (shipped shape, training step): blocks of 128
-/// took 9% off at L = 2,048 (batch 8) and 7% at 16,384 (batch 2) against blocks of
-/// `window` sliced with `narrow`; blocks of 64 and 256 were no better.
-pub(crate) const BAND_BLOCK: i64 = 128;
+/// scores per query where `window` are needed: at window 512, 768 (blocks of 128: 640;
+/// of 512: 1,024). With each block one fused attention call, fewer, larger calls won:
+/// alternated on the training step at window 512, blocks of 256 against 128 were +4.3 to
+/// +5.6% at L = 16,384 (batch 2) and +1.6 to +1.8% at 2,048 (batch 8), and blocks of 512
+/// 4-6% slower than 256. (Before the fused calls, blocks of 128 had won: 9% off at 2,048
+/// against blocks of `window` sliced with `narrow`.)
+pub(crate) const BAND_BLOCK: i64 = 256;
 
 /// [`window_attention`] without a cache and with a window shorter than the call: the
 /// queries in blocks of `c = min(block, window)` positions, each block against its own keys
