@@ -749,15 +749,37 @@ mod tests {
         err
     }
 
+    fn f32_leaf(rng: &mut ChaCha8Rng, shape: &[i64]) -> Tensor {
+        randn64(rng, shape)
+            .to_kind(Kind::Float)
+            .set_requires_grad(true)
+    }
+
+    fn zero_grads(leaves: &[&Tensor]) {
+        for t in leaves {
+            let mut g = t.grad();
+            if g.defined() {
+                let _ = g.zero_();
+            }
+        }
+    }
+
+    /// The largest of |got - want|_max / |want|_max over pairs of tensors of one shape.
+    fn worst_relative(got: &[Tensor], want: &[Tensor]) -> f64 {
+        assert_eq!(got.len(), want.len());
+        got.iter()
+            .zip(want)
+            .map(|(g, w)| {
+                assert_eq!(g.size(), w.size());
+                (g - w).abs().max().double_value(&[]) / (w.abs().max().double_value(&[]) + 1e-12)
+            })
+            .fold(0.0, f64::max)
+    }
+
     /// Values and gradients (of x, the code, a and xi_b) of `fused_filter` and
     /// `spe_filter_libtorch` for the same inputs and upstream gradient.
     fn fused_against_libtorch(b: i64, l: i64, h: i64, d: i64, r: i64, gated: bool) -> f64 {
         let mut rng = ChaCha8Rng::seed_from_u64((b * 1000 + l * 10 + r) as u64);
-        let f32_leaf = |rng: &mut ChaCha8Rng, shape: &[i64]| {
-            randn64(rng, shape)
-                .to_kind(Kind::Float)
-                .set_requires_grad(true)
-        };
         // x as the model has it: a view of wider rows (unit stride over D only)
         let wide = f32_leaf(&mut rng, &[b, l, 3 * h * d]);
         let code = f32_leaf(&mut rng, &[l, h, d, r]);
@@ -765,12 +787,7 @@ mod tests {
         let xi = f32_leaf(&mut rng, &[h, d, r]);
         let up = randn64(&mut rng, &[b, h, l, r]).to_kind(Kind::Float);
         let run = |fused: bool| {
-            for t in [&wide, &code, &a, &xi] {
-                let mut g = t.grad();
-                if g.defined() {
-                    let _ = g.zero_();
-                }
-            }
+            zero_grads(&[&wide, &code, &a, &xi]);
             let x = wide.narrow(2, h * d, h * d).view([b, l, h, d]);
             let gate = gated.then(|| GateFactors {
                 a: a.shallow_clone(),
@@ -789,14 +806,7 @@ mod tests {
             }
             parts
         };
-        let (got, want) = (run(true), run(false));
-        got.iter()
-            .zip(&want)
-            .map(|(g, w)| {
-                assert_eq!(g.size(), w.size());
-                (g - w).abs().max().double_value(&[]) / (w.abs().max().double_value(&[]) + 1e-12)
-            })
-            .fold(0.0, f64::max)
+        worst_relative(&run(true), &run(false))
     }
 
     #[test]
@@ -829,11 +839,6 @@ mod tests {
         let vs = nn::VarStore::new(Device::Cpu);
         let spe = SineSpe::new(&vs.root(), h, d, 3, r, FreqInit::Spread);
         let z = spe.draw_z();
-        let f32_leaf = |rng: &mut ChaCha8Rng, shape: &[i64]| {
-            randn64(rng, shape)
-                .to_kind(Kind::Float)
-                .set_requires_grad(true)
-        };
         let wide = f32_leaf(&mut rng, &[b, l, 3 * h * d]);
         let gate = f32_leaf(&mut rng, &[h, d]);
         let xi = f32_leaf(&mut rng, &[h, d, r]);
@@ -841,12 +846,7 @@ mod tests {
         let start = 1000;
         let leaves = [&wide, &gate, &xi, &spe.freqs, &spe.offsets, &spe.gains];
         let run = |fused: bool| {
-            for t in leaves {
-                let mut g = t.grad();
-                if g.defined() {
-                    let _ = g.zero_();
-                }
-            }
+            zero_grads(&leaves);
             let x = wide.narrow(2, h * d, h * d).view([b, l, h, d]);
             let gf = gated.then(|| GateFactors::new(&gate, &xi));
             let f = spe.factors(&z);
@@ -880,14 +880,7 @@ mod tests {
             }
             parts
         };
-        let (got, want) = (run(true), run(false));
-        got.iter()
-            .zip(&want)
-            .map(|(g, w)| {
-                assert_eq!(g.size(), w.size());
-                (g - w).abs().max().double_value(&[]) / (w.abs().max().double_value(&[]) + 1e-12)
-            })
-            .fold(0.0, f64::max)
+        worst_relative(&run(true), &run(false))
     }
 
     #[test]

@@ -534,13 +534,34 @@ Isa widest() {
 #define CADENZA_HAS_CLONES 0
 #endif
 
+// NAME's kernel compiled for each instruction set, and NAME##_isa<RR, G>,
+// which calls the widest one this CPU has.
 #define CADENZA_VARIANTS(NAME, ARGS, CALL)                                    \
   template <int RR, bool G>                                                    \
   CADENZA_TARGET("arch=x86-64-v4") void NAME##_v4 ARGS { NAME<RR, G> CALL; } \
   template <int RR, bool G>                                                    \
   CADENZA_TARGET("arch=x86-64-v3") void NAME##_v3 ARGS { NAME<RR, G> CALL; } \
   template <int RR, bool G>                                                    \
-  void NAME##_base ARGS { NAME<RR, G> CALL; }
+  void NAME##_base ARGS { NAME<RR, G> CALL; }                                  \
+  template <int RR, bool G>                                                    \
+  void NAME##_isa ARGS {                                                       \
+    switch (widest()) {                                                        \
+      case Isa::V4: NAME##_v4<RR, G> CALL; break;                              \
+      case Isa::V3: NAME##_v3<RR, G> CALL; break;                              \
+      default: NAME##_base<RR, G> CALL; break;                                 \
+    }                                                                          \
+  }
+
+// NAME##_by_r<G>(r, args...): the kernel with R = 32, 64 or 16 fixed at
+// compile time, else the one for FALLBACK (0: any R, at run time).
+#define CADENZA_BY_R(NAME, FALLBACK)                \
+  template <bool G, typename... Args>                \
+  void NAME##_by_r(int64_t r, Args... args) {        \
+    if (r == 32) return NAME##_isa<32, G>(args...);  \
+    if (r == 64) return NAME##_isa<64, G>(args...);  \
+    if (r == 16) return NAME##_isa<16, G>(args...);  \
+    NAME##_isa<FALLBACK, G>(args...);                \
+  }
 
 CADENZA_VARIANTS(forward_items,
                  (const Shapes& s, const float* x, const float* code, const float* a,
@@ -557,73 +578,11 @@ CADENZA_VARIANTS(sine_forward_items, (const SineArgs& q, float* acc, int64_t beg
 CADENZA_VARIANTS(sine_backward_items, (const SineArgs& q, int64_t begin, int64_t end),
                  (q, begin, end))
 
-template <int RR, bool G, typename... Args>
-void sine_forward_isa(Args... args) {
-  switch (widest()) {
-    case Isa::V4: sine_forward_items_v4<RR, G>(args...); break;
-    case Isa::V3: sine_forward_items_v3<RR, G>(args...); break;
-    default: sine_forward_items_base<RR, G>(args...); break;
-  }
-}
-
-template <int RR, bool G, typename... Args>
-void sine_backward_isa(Args... args) {
-  switch (widest()) {
-    case Isa::V4: sine_backward_items_v4<RR, G>(args...); break;
-    case Isa::V3: sine_backward_items_v3<RR, G>(args...); break;
-    default: sine_backward_items_base<RR, G>(args...); break;
-  }
-}
-
-// R = 16, 32 or 64 (checked before).
-template <bool G, typename... Args>
-void sine_forward_dispatch(int64_t r, Args... args) {
-  if (r == 32) return sine_forward_isa<32, G>(args...);
-  if (r == 64) return sine_forward_isa<64, G>(args...);
-  sine_forward_isa<16, G>(args...);
-}
-
-template <bool G, typename... Args>
-void sine_backward_dispatch(int64_t r, Args... args) {
-  if (r == 32) return sine_backward_isa<32, G>(args...);
-  if (r == 64) return sine_backward_isa<64, G>(args...);
-  sine_backward_isa<16, G>(args...);
-}
-
-template <int RR, bool G, typename... Args>
-void forward_dispatch_isa(Args... args) {
-  switch (widest()) {
-    case Isa::V4: forward_items_v4<RR, G>(args...); break;
-    case Isa::V3: forward_items_v3<RR, G>(args...); break;
-    default: forward_items_base<RR, G>(args...); break;
-  }
-}
-
-template <int RR, bool G, typename... Args>
-void backward_dispatch_isa(Args... args) {
-  switch (widest()) {
-    case Isa::V4: backward_items_v4<RR, G>(args...); break;
-    case Isa::V3: backward_items_v3<RR, G>(args...); break;
-    default: backward_items_base<RR, G>(args...); break;
-  }
-}
-
-// R = 32 (every preset) and 16 at compile time; any other R up to kMaxR at run time.
-template <bool G, typename... Args>
-void forward_dispatch(int64_t r, Args... args) {
-  if (r == 32) return forward_dispatch_isa<32, G>(args...);
-  if (r == 64) return forward_dispatch_isa<64, G>(args...);
-  if (r == 16) return forward_dispatch_isa<16, G>(args...);
-  forward_dispatch_isa<0, G>(args...);
-}
-
-template <bool G, typename... Args>
-void backward_dispatch(int64_t r, Args... args) {
-  if (r == 32) return backward_dispatch_isa<32, G>(args...);
-  if (r == 64) return backward_dispatch_isa<64, G>(args...);
-  if (r == 16) return backward_dispatch_isa<16, G>(args...);
-  backward_dispatch_isa<0, G>(args...);
-}
+CADENZA_BY_R(forward_items, 0)
+CADENZA_BY_R(backward_items, 0)
+// (SineFilter takes R = 16, 32 or 64 only: checked before)
+CADENZA_BY_R(sine_forward_items, 16)
+CADENZA_BY_R(sine_backward_items, 16)
 
 // Items (position, head) per task: enough work to amortize a task, small
 // enough that 2 threads stay balanced at L = 1.
@@ -656,9 +615,9 @@ Tensor filter_forward(const Tensor& x, const Tensor& code, const Tensor& a, cons
   float* po = out.data_ptr<float>();
   at::parallel_for(0, s.l * s.h, grain(s), [&](int64_t begin, int64_t end) {
     if (gated)
-      forward_dispatch<true>(s.r, s, px, pc, pa, pn, po, begin, end);
+      forward_items_by_r<true>(s.r, s, px, pc, pa, pn, po, begin, end);
     else
-      forward_dispatch<false>(s.r, s, px, pc, pa, pn, po, begin, end);
+      forward_items_by_r<false>(s.r, s, px, pc, pa, pn, po, begin, end);
   });
   return out;
 }
@@ -698,9 +657,9 @@ variable_list filter_backward(const Tensor& x, const Tensor& code, const Tensor&
     Grads out{pdx, pdc, pda ? pda + t * s.h * s.d : nullptr,
               pdn ? pdn + t * s.h * s.d * s.r : nullptr};
     if (gated)
-      backward_dispatch<true>(s.r, s, px, pc, pa, pn, pg, out, begin, end);
+      backward_items_by_r<true>(s.r, s, px, pc, pa, pn, pg, out, begin, end);
     else
-      backward_dispatch<false>(s.r, s, px, pc, pa, pn, pg, out, begin, end);
+      backward_items_by_r<false>(s.r, s, px, pc, pa, pn, pg, out, begin, end);
   });
   if (want_da) da = da_parts.sum(0);
   if (want_dxi) dxi = dxi_parts.sum(0);
@@ -782,9 +741,9 @@ struct SineFilter : public torch::autograd::Function<SineFilter> {
     at::parallel_for(0, q.s.h * q.nblk, grain_of(q), [&](int64_t begin, int64_t end) {
       std::vector<float> acc(kBlock * q.s.b * q.s.r);
       if (gated)
-        sine_forward_dispatch<true>(q.s.r, q, acc.data(), begin, end);
+        sine_forward_items_by_r<true>(q.s.r, q, acc.data(), begin, end);
       else
-        sine_forward_dispatch<false>(q.s.r, q, acc.data(), begin, end);
+        sine_forward_items_by_r<false>(q.s.r, q, acc.data(), begin, end);
     });
     return out;
   }
@@ -834,9 +793,9 @@ struct SineFilter : public torch::autograd::Function<SineFilter> {
       mine.dzg = pdzg ? pdzg + t * s.h * s.d * q.k2 * s.r : nullptr;
       mine.w = pw ? pw + t * s.h * s.d * q.k2 * s.r : nullptr;
       if (gated)
-        sine_backward_dispatch<true>(s.r, mine, begin, end);
+        sine_backward_items_by_r<true>(s.r, mine, begin, end);
       else
-        sine_backward_dispatch<false>(s.r, mine, begin, end);
+        sine_backward_items_by_r<false>(s.r, mine, begin, end);
     });
 
     Tensor dzg, da, dxi, dcycles, doffsets;
