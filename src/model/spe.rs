@@ -523,28 +523,60 @@ mod ffi {
 /// On inputs of another device, kind or shape than the filter's (a caller's
 /// bug; [`spe_filter_with`] routes only CPU f32 here).
 pub fn fused_filter(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
-    let x = if x.stride().last() == Some(&1) {
+    let x = unit_stride_over_d(x);
+    let code = code.contiguous();
+    let gate = gate.map(FfiGate::new);
+    let (a, xi) = FfiGate::ptrs(gate.as_ref());
+    // SAFETY: every pointer is a live tensor handle, or null where the C++ side
+    // takes an absent gate.
+    unsafe {
+        owned_result(
+            ffi::cadenza_spe_filter(x.as_ptr(), code.as_ptr(), a, xi),
+            "fused SPE filter",
+        )
+    }
+}
+
+/// x itself where its last dimension has a unit stride (as the filters need), a
+/// contiguous copy otherwise.
+fn unit_stride_over_d(x: &Tensor) -> Tensor {
+    if x.stride().last() == Some(&1) {
         x.shallow_clone()
     } else {
         x.contiguous()
-    };
-    let code = code.contiguous();
-    let gate = gate.map(|g| (g.a.contiguous(), g.xi_b.contiguous()));
-    let (a, xi) = match &gate {
-        Some((a, xi)) => (a.as_ptr(), xi.as_ptr()),
-        None => (std::ptr::null(), std::ptr::null()),
-    };
-    // SAFETY: every pointer is a live tensor handle (or null where the C++ side
-    // takes an absent gate); a non-null result is a new tensor that the returned
-    // Tensor owns and frees.
-    unsafe {
-        let out = ffi::cadenza_spe_filter(x.as_ptr(), code.as_ptr(), a, xi);
-        if out.is_null() {
-            let why = std::ffi::CStr::from_ptr(ffi::cadenza_spe_filter_error());
-            panic!("fused SPE filter: {}", why.to_string_lossy());
-        }
-        Tensor::from_ptr(out)
     }
+}
+
+/// A gate's factors as the C++ filters take them: contiguous a (H, D) and xi_b (H, D, R).
+struct FfiGate(Tensor, Tensor);
+
+impl FfiGate {
+    fn new(g: &GateFactors) -> FfiGate {
+        FfiGate(g.a.contiguous(), g.xi_b.contiguous())
+    }
+
+    /// (a, xi_b) handles, both null for an ungated filter.
+    fn ptrs(gate: Option<&FfiGate>) -> (*const torch_sys::C_tensor, *const torch_sys::C_tensor) {
+        match gate {
+            Some(FfiGate(a, xi)) => (a.as_ptr(), xi.as_ptr()),
+            None => (std::ptr::null(), std::ptr::null()),
+        }
+    }
+}
+
+/// The tensor a C++ filter returned, which the result owns and frees.
+///
+/// # Safety
+/// `out` is null or a new tensor of `spe_filter.cpp`, owned by nobody else.
+///
+/// # Panics
+/// On null: the C++ side rejected its inputs (a caller's bug), with its reason.
+unsafe fn owned_result(out: *mut torch_sys::C_tensor, what: &str) -> Tensor {
+    if out.is_null() {
+        let why = std::ffi::CStr::from_ptr(ffi::cadenza_spe_filter_error());
+        panic!("{what}: {}", why.to_string_lossy());
+    }
+    Tensor::from_ptr(out)
 }
 
 /// Whether [`sine_filter`] takes a SineSPE of R realizations on this device and kind.
@@ -571,38 +603,29 @@ pub fn sine_filter(
     query: bool,
     start: i64,
 ) -> Tensor {
-    let x = if x.stride().last() == Some(&1) {
-        x.shallow_clone()
-    } else {
-        x.contiguous()
-    };
+    let x = unit_stride_over_d(x);
     let omega = omega.detach().contiguous();
     let zg = f.zg.contiguous();
     let cycles = f.cycles.contiguous();
     let offsets = query.then(|| f.offsets.contiguous());
-    let gate = gate.map(|g| (g.a.contiguous(), g.xi_b.contiguous()));
-    let (a, xi) = match &gate {
-        Some((a, xi)) => (a.as_ptr(), xi.as_ptr()),
-        None => (std::ptr::null(), std::ptr::null()),
-    };
     let offsets = offsets.as_ref().map_or(std::ptr::null(), |t| t.as_ptr());
-    // SAFETY: as in fused_filter.
+    let gate = gate.map(FfiGate::new);
+    let (a, xi) = FfiGate::ptrs(gate.as_ref());
+    // SAFETY: as in fused_filter (offsets is null on the key side).
     unsafe {
-        let out = ffi::cadenza_sine_filter(
-            x.as_ptr(),
-            omega.as_ptr(),
-            zg.as_ptr(),
-            a,
-            xi,
-            cycles.as_ptr(),
-            offsets,
-            start,
-        );
-        if out.is_null() {
-            let why = std::ffi::CStr::from_ptr(ffi::cadenza_spe_filter_error());
-            panic!("fused SineSPE filter: {}", why.to_string_lossy());
-        }
-        Tensor::from_ptr(out)
+        owned_result(
+            ffi::cadenza_sine_filter(
+                x.as_ptr(),
+                omega.as_ptr(),
+                zg.as_ptr(),
+                a,
+                xi,
+                cycles.as_ptr(),
+                offsets,
+                start,
+            ),
+            "fused SineSPE filter",
+        )
     }
 }
 

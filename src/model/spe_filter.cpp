@@ -126,14 +126,9 @@ CADENZA_INLINE void forward_items(const Shapes& s, const float* x, const float* 
         vf acc[NV], accn[NV];
 #pragma GCC unroll 8
         for (int j = 0; j < NV; ++j) acc[j] = accn[j] = zero();
-        // the next item's code block, a row per row of this one (the batch's
-        // first pass), so that it streams in while this one is worked on
-        const float* cn = i + 1 < end && b == 0 ? c + D * RR : nullptr;
         for (int64_t d = 0; d < D; ++d) {
           const float xd = xr[d];
           const float* cr = c + d * RR;
-          if (cn)
-            for (int j = 0; j < RR; j += kLanes) __builtin_prefetch(cn + d * RR + j);
           if (GATED) {
             const float* nr = nh + d * RR;
             const float xa = xd * ah[d];
@@ -591,13 +586,14 @@ int64_t grain(const Shapes& s) {
   return std::max<int64_t>(1, (1 << 16) / per_item);
 }
 
-Shapes shapes_of(const Tensor& x, const Tensor& code) {
+// The sizes and strides of x (B, L, H, D), with R realizations.
+Shapes shapes_of(const Tensor& x, int64_t r) {
   Shapes s;
   s.b = x.size(0);
   s.l = x.size(1);
   s.h = x.size(2);
   s.d = x.size(3);
-  s.r = code.size(3);
+  s.r = r;
   s.sxb = x.stride(0);
   s.sxm = x.stride(1);
   s.sxh = x.stride(2);
@@ -605,7 +601,7 @@ Shapes shapes_of(const Tensor& x, const Tensor& code) {
 }
 
 Tensor filter_forward(const Tensor& x, const Tensor& code, const Tensor& a, const Tensor& xi) {
-  const Shapes s = shapes_of(x, code);
+  const Shapes s = shapes_of(x, code.size(3));
   const bool gated = a.defined();
   Tensor out = at::empty({s.b, s.h, s.l, s.r}, x.options());
   const float* px = x.data_ptr<float>();
@@ -631,7 +627,7 @@ variable_list filter_backward(const Tensor& x, const Tensor& code, const Tensor&
                               bool want_dcode, bool want_da, bool want_dxi) {
   const bool gated = a.defined();
   const Tensor g = grad.contiguous();
-  const Shapes s = shapes_of(x, code);
+  const Shapes s = shapes_of(x, code.size(3));
   Tensor dx, dcode, da, dxi;
   if (want_dx) dx = at::empty({s.b, s.l, s.h, s.d}, x.options());
   if (want_dcode) dcode = at::empty(code.sizes(), code.options());
@@ -704,14 +700,7 @@ struct SineFilter : public torch::autograd::Function<SineFilter> {
   static SineArgs args_of(const Tensor& x, const Tensor& omega, const Tensor& zg, const Tensor& a,
                           const Tensor& xi, int64_t start) {
     SineArgs q{};
-    q.s.b = x.size(0);
-    q.s.l = x.size(1);
-    q.s.h = x.size(2);
-    q.s.d = x.size(3);
-    q.s.r = zg.size(3);
-    q.s.sxb = x.stride(0);
-    q.s.sxm = x.stride(1);
-    q.s.sxh = x.stride(2);
+    q.s = shapes_of(x, zg.size(3));
     q.k2 = zg.size(2);
     q.start = start;
     q.nblk = (q.s.l + kBlock - 1) / kBlock;
@@ -819,6 +808,15 @@ struct SineFilter : public torch::autograd::Function<SineFilter> {
 
 thread_local std::string last_error;
 
+// A gate of h heads, d features and r realizations: f32 a (H, D) and xi (H, D, R).
+void check_gate(const Tensor& a, const Tensor& xi, int64_t h, int64_t d, int64_t r) {
+  TORCH_CHECK(a.scalar_type() == at::kFloat && xi.scalar_type() == at::kFloat, "f32 gate");
+  TORCH_CHECK(a.is_contiguous() && xi.is_contiguous(), "a contiguous gate");
+  TORCH_CHECK(a.dim() == 2 && a.size(0) == h && a.size(1) == d, "a is (H, D)");
+  TORCH_CHECK(xi.dim() == 3 && xi.size(0) == h && xi.size(1) == d && xi.size(2) == r,
+              "xi is (H, D, R)");
+}
+
 void check_inputs(const Tensor& x, const Tensor& code, const Tensor& a, const Tensor& xi) {
   TORCH_CHECK(x.dim() == 4 && code.dim() == 4, "x (B, L, H, D) and code (L, H, D, R)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && code.scalar_type() == at::kFloat,
@@ -830,14 +828,7 @@ void check_inputs(const Tensor& x, const Tensor& code, const Tensor& a, const Te
               "code ", code.sizes(), " does not fit x ", x.sizes());
   TORCH_CHECK(code.size(3) >= 1 && code.size(3) <= kMaxR, "R must be in 1..=", kMaxR);
   TORCH_CHECK(a.defined() == xi.defined(), "a gate needs both a and xi");
-  if (a.defined()) {
-    TORCH_CHECK(a.scalar_type() == at::kFloat && xi.scalar_type() == at::kFloat, "f32 gate");
-    TORCH_CHECK(a.is_contiguous() && xi.is_contiguous(), "a contiguous gate");
-    TORCH_CHECK(a.dim() == 2 && a.size(0) == x.size(2) && a.size(1) == x.size(3), "a is (H, D)");
-    TORCH_CHECK(xi.dim() == 3 && xi.size(0) == x.size(2) && xi.size(1) == x.size(3) &&
-                    xi.size(2) == code.size(3),
-                "xi is (H, D, R)");
-  }
+  if (a.defined()) check_gate(a, xi, x.size(2), x.size(3), code.size(3));
 }
 
 void check_sine_inputs(const Tensor& x, const Tensor& omega, const Tensor& zg, const Tensor& a,
@@ -860,13 +851,7 @@ void check_sine_inputs(const Tensor& x, const Tensor& omega, const Tensor& zg, c
   TORCH_CHECK(offsets.numel() == 0 || offsets.sizes() == cycles.sizes(),
               "offsets is (1, H, D, K)");
   TORCH_CHECK(a.numel() > 0 == xi.numel() > 0, "a gate needs both a and xi");
-  if (a.numel() > 0) {
-    TORCH_CHECK(a.scalar_type() == at::kFloat && xi.scalar_type() == at::kFloat, "f32 gate");
-    TORCH_CHECK(a.is_contiguous() && xi.is_contiguous(), "a contiguous gate");
-    TORCH_CHECK(a.dim() == 2 && a.size(0) == h && a.size(1) == d, "a is (H, D)");
-    TORCH_CHECK(xi.dim() == 3 && xi.size(0) == h && xi.size(1) == d && xi.size(2) == r,
-                "xi is (H, D, R)");
-  }
+  if (a.numel() > 0) check_gate(a, xi, h, d, r);
 }
 
 }  // namespace

@@ -881,41 +881,41 @@ impl Transformer {
         let (h0, n) = self.spe_heads();
         let mut ring_idx = 0;
         let mut out = Vec::with_capacity(self.codes.len());
-        let fused = mode != Mode::Step
+        // SineSPE's codes formed inside the fused filter, outside a generation step
+        let form_inside = mode != Mode::Step
             && sine_filter_applies(
                 self.device,
                 self.param_kind(),
                 self.cfg.positional.realizations().unwrap_or(0),
             );
         for (c, code) in self.codes.iter().enumerate() {
-            if let (SpeCode::Sine(s), true) = (code, fused) {
-                let factors = match mode {
-                    Mode::Eval => s.factors(self.frozen.z[c].as_ref().expect("frozen Z")),
-                    _ => s.factors(&s.draw_z()),
-                }
-                .heads(h0, n);
-                let (omega_q, omega_k) = tch::no_grad(|| s.omegas(&factors, offset, len));
-                out.push(WindowCode::Sine {
-                    factors,
-                    omega_q,
-                    omega_k,
-                    start: offset,
-                });
-                continue;
-            }
             let pair = match code {
-                SpeCode::Sine(s) => match mode {
-                    Mode::Train => s.codes_from(&s.factors(&s.draw_z()).heads(h0, n), offset, len),
-                    Mode::Step => {
-                        let st = state.as_deref().expect("step needs a state");
-                        let f = st.cache.sine[c].as_ref().expect("SineSPE step factors");
-                        s.codes_from(f, offset, len)
+                SpeCode::Sine(s) => {
+                    let factors = match mode {
+                        Mode::Train => s.factors(&s.draw_z()).heads(h0, n),
+                        Mode::Step => {
+                            let st = state.as_deref().expect("step needs a state");
+                            st.cache.sine[c]
+                                .as_ref()
+                                .expect("SineSPE step factors")
+                                .share()
+                        }
+                        Mode::Eval => s
+                            .factors(self.frozen.z[c].as_ref().expect("frozen Z"))
+                            .heads(h0, n),
+                    };
+                    if form_inside {
+                        let (omega_q, omega_k) = tch::no_grad(|| s.omegas(&factors, offset, len));
+                        out.push(WindowCode::Sine {
+                            factors,
+                            omega_q,
+                            omega_k,
+                            start: offset,
+                        });
+                        continue;
                     }
-                    Mode::Eval => {
-                        let z = self.frozen.z[c].as_ref().expect("frozen Z");
-                        s.codes_from(&s.factors(z).heads(h0, n), offset, len)
-                    }
-                },
+                    s.codes_from(&factors, offset, len)
+                }
                 SpeCode::Conv(conv) => {
                     let k = conv.kernel;
                     match mode {
