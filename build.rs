@@ -1,17 +1,19 @@
 //! Bakes an rpath to libtorch into the binaries so that `cadenza` runs without
-//! LD_LIBRARY_PATH, and compiles the one C++ file of the crate,
-//! `src/model/spe_filter.cpp` (a libtorch autograd function: `tch` has no way to
-//! define one in Rust), against the same libtorch headers and C++ ABI as
-//! torch-sys. `DEP_TCH_LIBTORCH_LIB` is exported by torch-sys (links = "tch")
+//! LD_LIBRARY_PATH, and compiles the crate's C++ kernels,
+//! `src/model/spe_filter.cpp` and `src/model/favor_attention.cpp` (libtorch
+//! autograd functions: `tch` has no way to define one in Rust), against the
+//! same libtorch headers and C++ ABI as torch-sys. `DEP_TCH_LIBTORCH_LIB` is exported by torch-sys (links = "tch")
 //! and reaches this crate because it depends on torch-sys directly.
 use std::path::Path;
 
-/// The fused SPE filter (see the file's header) with the flags torch-sys uses
+/// The kernels (see their files' headers) with the flags torch-sys uses
 /// for its own C++ (C++ ABI, PIC), optimized, and with float reassociation so
 /// that its dot products vectorize (the file says where that moves the floats).
 fn compile_kernels(lib: &Path) {
-    let src = "src/model/spe_filter.cpp";
-    println!("cargo:rerun-if-changed={src}");
+    let sources = ["src/model/spe_filter.cpp", "src/model/favor_attention.cpp"];
+    for src in sources.iter().chain(&["src/model/kernels.h"]) {
+        println!("cargo:rerun-if-changed={src}");
+    }
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
     let include = lib.parent().map(|p| p.join("include")).unwrap_or_default();
@@ -35,7 +37,7 @@ fn compile_kernels(lib: &Path) {
         .flag("-fopenmp")
         // (GCC notes that passing 64-byte vectors by value changed ABI in 4.6)
         .flag("-Wno-psabi")
-        .file(src)
+        .files(sources)
         .compile("cadenza_kernels");
     // after the static library, so that its references to libtorch resolve
     println!("cargo:rustc-link-search=native={}", lib.display());

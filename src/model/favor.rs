@@ -84,6 +84,37 @@ impl FavorFeatures {
     /// `query`: subtract the per-token max over features (exact: cancels in the ratio).
     /// Keys are not stabilized (a max over the sequence would leak the future).
     pub fn features(&self, x: &Tensor, query: bool) -> Tensor {
+        self.scaled_features(x, 1.0, query)
+    }
+
+    /// [`FavorFeatures::features`] of `scale` x. On the CPU in f32 this is one C++
+    /// autograd function (`src/model/favor_attention.cpp`: a product and a pass over
+    /// the rows each way, where the libtorch form is some eight calls forward and
+    /// twelve back); elsewhere [`FavorFeatures::features_libtorch`].
+    pub fn scaled_features(&self, x: &Tensor, scale: f64, query: bool) -> Tensor {
+        let cpu_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
+        if !(cpu_f32(x) && cpu_f32(&self.proj)) {
+            return self.features_libtorch(&(x * scale), query);
+        }
+        let x = x.contiguous();
+        let proj = self.proj.contiguous();
+        // SAFETY: both are live tensor handles; the result is a new tensor or null.
+        unsafe {
+            crate::model::ffi::owned_result(
+                crate::model::ffi::cadenza_favor_features(
+                    x.as_ptr(),
+                    proj.as_ptr(),
+                    scale,
+                    query,
+                    self.antithetic,
+                ),
+                "fused FAVOR+ features",
+            )
+        }
+    }
+
+    /// [`FavorFeatures::features`] in libtorch calls (any device and kind).
+    pub fn features_libtorch(&self, x: &Tensor, query: bool) -> Tensor {
         let x = crate::model::as_kind(x, Kind::Float);
         let u = x.matmul(&self.proj.tr());
         let sq = x.square().sum_dim_intlist([-1i64].as_slice(), true, None) / 2.0;
@@ -193,12 +224,140 @@ fn orthogonal_rows(g: &Tensor, chi: &Tensor, n: i64) -> Tensor {
     (rows * norms).to_kind(Kind::Float)
 }
 
-/// Causal linear attention, chunked parallel form.
-/// phi_q, phi_k: (B, H, L, M) f32; v: (B, H, L, Dv) f32; optional carried state
-/// s0 (B, H, M, Dv), z0 (B, H, M). Returns (out (B, H, L, Dv), s_end, z_end).
+/// Causal linear attention: phi_q, phi_k (B, H, L, M) f32; v (B, H, L, Dv) f32;
+/// optional carried state s0 (B, H, M, Dv), z0 (B, H, M). Returns (out (B, H, L,
+/// Dv), s_end, z_end), out_i = phi_q_i S_i / (phi_q_i . z_i + EPS) with S_i = s0 +
+/// sum_{j <= i} phi_k_j (x) v_j and z_i = z0 + sum_{j <= i} phi_k_j.
+///
+/// On the CPU ([`fused_applies`]) this is [`fused_causal_linear_attention`], one
+/// C++ pass per (row, head) with its own backward; elsewhere (CUDA, f64, sizes
+/// over 128) [`causal_linear_attention_chunked`] in chunks of `chunk` positions.
+/// The two agree to float rounding (tests below). s_end and z_end carry no
+/// gradient from the fused form.
+pub fn causal_linear_attention(
+    phi_q: &Tensor,
+    phi_k: &Tensor,
+    v: &Tensor,
+    chunk: i64,
+    state: Option<(&Tensor, &Tensor)>,
+) -> (Tensor, Tensor, Tensor) {
+    let on_cpu_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
+    let state_fits = state.is_none_or(|(s, z)| on_cpu_f32(s) && on_cpu_f32(z));
+    if on_cpu_f32(phi_q)
+        && on_cpu_f32(phi_k)
+        && on_cpu_f32(v)
+        && state_fits
+        && fused_applies(phi_q.size()[3], v.size()[3])
+    {
+        fused_causal_linear_attention(phi_q, phi_k, v, state)
+    } else {
+        causal_linear_attention_chunked(phi_q, phi_k, v, chunk, state)
+    }
+}
+
+/// The sizes the fused kernel takes once padded: 16, 32, 64 or 128 features and
+/// value widths ([`padded_size`]).
+pub fn fused_applies(features: i64, dv: i64) -> bool {
+    padded_size(features).is_some() && padded_size(dv).is_some()
+}
+
+/// The kernel's size for `n` features or value columns: the smallest of 16, 32,
+/// 64 and 128 that holds them (the extra ones zero, which adds nothing to any
+/// sum), or None over 128.
+fn padded_size(n: i64) -> Option<i64> {
+    [16, 32, 64, 128].into_iter().find(|&p| n <= p)
+}
+
+/// `t` with its last dimension zero-padded to `to` and a unit stride there, as
+/// the fused kernel takes it (itself when it already is).
+fn pad_last(t: &Tensor, to: i64) -> Tensor {
+    let n = *t.size().last().expect("a tensor with dimensions");
+    let t = if n < to {
+        t.constant_pad_nd([0, to - n])
+    } else {
+        t.shallow_clone()
+    };
+    if t.stride().last() == Some(&1) {
+        t
+    } else {
+        t.contiguous()
+    }
+}
+
+/// [`causal_linear_attention`] as one libtorch autograd function
+/// (`src/model/favor_attention.cpp`): each (row, head) is one pass over its
+/// positions that carries the M x Dv state from one to the next, where the
+/// chunked form is some twenty libtorch calls, each a pass over memory. M and
+/// Dv are zero-padded to the kernel's sizes ([`padded_size`]) and the results
+/// cut back. Gradients reach phi_q, phi_k, v and the initial state.
+///
+/// # Panics
+/// On inputs that are not CPU f32 or whose sizes do not fit one another (a
+/// caller's bug; [`causal_linear_attention`] routes only what fits here).
+pub fn fused_causal_linear_attention(
+    phi_q: &Tensor,
+    phi_k: &Tensor,
+    v: &Tensor,
+    state: Option<(&Tensor, &Tensor)>,
+) -> (Tensor, Tensor, Tensor) {
+    let s = phi_q.size();
+    let (b, h, m, dv) = (s[0], s[1], s[3], v.size()[3]);
+    let (pm, pdv) = match (padded_size(m), padded_size(dv)) {
+        (Some(pm), Some(pdv)) => (pm, pdv),
+        _ => panic!("fused FAVOR+ attention: M = {m} and Dv = {dv} must be at most 128"),
+    };
+    let (pq, pk, pv) = (pad_last(phi_q, pm), pad_last(phi_k, pm), pad_last(v, pdv));
+    let (s0, z0) = match state {
+        Some((s0, z0)) => (
+            pad_last(&pad_last(s0, pdv).transpose(-1, -2), pm)
+                .transpose(-1, -2)
+                .contiguous(),
+            pad_last(z0, pm).contiguous(),
+        ),
+        None => (
+            Tensor::zeros([b, h, pm, pdv], (Kind::Float, Device::Cpu)),
+            Tensor::zeros([b, h, pm], (Kind::Float, Device::Cpu)),
+        ),
+    };
+    let mut out = [std::ptr::null_mut(); 3];
+    // SAFETY: every pointer is a live tensor handle; on success the kernel writes three
+    // new tensors to `out`, which owned_result takes over.
+    let [o, s_end, z_end] = unsafe {
+        let ok = crate::model::ffi::cadenza_favor_attention(
+            pq.as_ptr(),
+            pk.as_ptr(),
+            pv.as_ptr(),
+            s0.as_ptr(),
+            z0.as_ptr(),
+            out.as_mut_ptr(),
+        );
+        if !ok {
+            panic!(
+                "fused FAVOR+ attention: {}",
+                crate::model::ffi::kernel_error()
+            );
+        }
+        out.map(|t| crate::model::ffi::owned_result(t, "fused FAVOR+ attention"))
+    };
+    let cut = |t: Tensor, dim: i64, n: i64, padded: i64| {
+        if n < padded {
+            t.narrow(dim, 0, n)
+        } else {
+            t
+        }
+    };
+    (
+        cut(o, 3, dv, pdv),
+        cut(cut(s_end, 3, dv, pdv), 2, m, pm),
+        cut(z_end, 2, m, pm),
+    )
+}
+
+/// Causal linear attention, chunked parallel form (the libtorch form of
+/// [`causal_linear_attention`], which runs it off the CPU).
 /// Inside a chunk: masked (phi_q phi_k^T) v; across chunks: exclusive prefix sums of the
 /// per-chunk phi_k^T v (B, H, n_chunks, M, Dv). Never builds (B, H, L, M, Dv).
-pub fn causal_linear_attention(
+pub fn causal_linear_attention_chunked(
     phi_q: &Tensor,
     phi_k: &Tensor,
     v: &Tensor,
@@ -381,9 +540,9 @@ mod tests {
         let pq = Tensor::rand([b, h, l, m], (Kind::Float, Device::Cpu));
         let pk = Tensor::rand([b, h, l, m], (Kind::Float, Device::Cpu));
         let v = Tensor::randn([b, h, l, dv], (Kind::Float, Device::Cpu));
-        let (o_ref, s_ref, z_ref) = causal_linear_attention(&pq, &pk, &v, 64, None);
+        let (o_ref, s_ref, z_ref) = causal_linear_attention_chunked(&pq, &pk, &v, 64, None);
         for c in [1, 5, 8, 37] {
-            let (o, s, z) = causal_linear_attention(&pq, &pk, &v, c, None);
+            let (o, s, z) = causal_linear_attention_chunked(&pq, &pk, &v, c, None);
             assert!(
                 rel(&o, &o_ref) < 1e-5 && rel(&s, &s_ref) < 1e-5 && rel(&z, &z_ref) < 1e-5,
                 "chunk {c}"
@@ -399,14 +558,14 @@ mod tests {
             z = z2;
         }
         // split into a carried prefix and a suffix
-        let (_, s1, z1) = causal_linear_attention(
+        let (_, s1, z1) = causal_linear_attention_chunked(
             &pq.narrow(2, 0, 10),
             &pk.narrow(2, 0, 10),
             &v.narrow(2, 0, 10),
             4,
             None,
         );
-        let (o2, _, _) = causal_linear_attention(
+        let (o2, _, _) = causal_linear_attention_chunked(
             &pq.narrow(2, 10, l - 10),
             &pk.narrow(2, 10, l - 10),
             &v.narrow(2, 10, l - 10),
@@ -454,6 +613,139 @@ mod tests {
             let got = grads(causal_linear_attention(&pq, &pk, &v, c, None).0);
             for (g, w) in got.iter().zip(&want) {
                 assert!(rel(g, w) < 1e-9, "chunk {c}: {}", rel(g, w));
+            }
+        }
+    }
+
+    /// The fused kernel against the chunked form in f64: outputs, final states and the
+    /// gradients of all five inputs, with sizes it pads and sizes it takes as they are,
+    /// values with strides (as the model's are, cut from its projections), a carried
+    /// state and a prefix/suffix split.
+    #[test]
+    fn fused_attention_matches_the_chunked_form() {
+        tch::manual_seed(10);
+        let (b, h, l) = (2, 3, 37);
+        for (m, dv) in [(16, 5), (64, 64), (20, 40)] {
+            let f32 = (Kind::Float, Device::Cpu);
+            let leaf = |t: Tensor| t.set_requires_grad(true);
+            let pq = leaf(Tensor::rand([b, h, l, m], f32));
+            let pk = leaf(Tensor::rand([b, h, l, m], f32));
+            let v = leaf(Tensor::randn([b, l, h, dv], f32));
+            let s0 = leaf(Tensor::rand([b, h, m, dv], f32));
+            let z0 = leaf(Tensor::rand([b, h, m], f32) + 1.0);
+            let w = Tensor::randn([b, h, l, dv], f32);
+            let inputs = [&pq, &pk, &v, &s0, &z0];
+            let run = |fused: bool| {
+                for t in inputs {
+                    let mut g = t.grad();
+                    if g.defined() {
+                        let _ = g.zero_();
+                    }
+                }
+                let vh = v.permute([0, 2, 1, 3]);
+                let (o, s, z) = if fused {
+                    fused_causal_linear_attention(&pq, &pk, &vh, Some((&s0, &z0)))
+                } else {
+                    let d = |t: &Tensor| t.to_kind(Kind::Double);
+                    let (o, s, z) = causal_linear_attention_chunked(
+                        &d(&pq),
+                        &d(&pk),
+                        &d(&vh),
+                        8,
+                        Some((&d(&s0), &d(&z0))),
+                    );
+                    (o, s.detach(), z.detach())
+                };
+                (&o * &w).sum(Kind::Double).backward();
+                let mut got = vec![o.detach(), s, z];
+                got.extend(inputs.iter().map(|t| t.grad().copy()));
+                got
+            };
+            let (got, want) = (run(true), run(false));
+            let names = ["out", "s_end", "z_end", "dpq", "dpk", "dv", "ds0", "dz0"];
+            for ((g, w), name) in got.iter().zip(&want).zip(names) {
+                assert_eq!(g.size(), w.size(), "M {m}, Dv {dv}: {name}");
+                let e = rel(&g.to_kind(Kind::Double), w);
+                assert!(e < 1e-5, "M {m}, Dv {dv}: {name} off by {e}");
+            }
+        }
+    }
+
+    /// Without a state it starts from zeros; an empty call returns the state it was given.
+    #[test]
+    fn fused_attention_from_zero_and_over_no_positions() {
+        tch::manual_seed(11);
+        let f32 = (Kind::Float, Device::Cpu);
+        let (pq, pk) = (
+            Tensor::rand([1, 2, 9, 32], f32),
+            Tensor::rand([1, 2, 9, 32], f32),
+        );
+        let v = Tensor::randn([1, 2, 9, 16], f32);
+        let (o, s, z) = fused_causal_linear_attention(&pq, &pk, &v, None);
+        let (o2, s2, z2) = causal_linear_attention_chunked(&pq, &pk, &v, 4, None);
+        assert!(rel(&o, &o2) < 1e-5 && rel(&s, &s2) < 1e-5 && rel(&z, &z2) < 1e-5);
+        let none = |t: &Tensor| t.narrow(2, 0, 0);
+        let (o3, s3, z3) =
+            fused_causal_linear_attention(&none(&pq), &none(&pk), &none(&v), Some((&s, &z)));
+        assert_eq!(o3.size(), [1, 2, 0, 16]);
+        assert!(rel(&s3, &s) == 0.0 && rel(&z3, &z) == 0.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "does not fit")]
+    fn fused_attention_rejects_a_state_of_another_shape() {
+        let f32 = (Kind::Float, Device::Cpu);
+        let p = Tensor::rand([1, 2, 4, 16], f32);
+        let v = Tensor::rand([1, 2, 4, 16], f32);
+        let (s0, z0) = (
+            Tensor::zeros([1, 3, 16, 16], f32),
+            Tensor::zeros([1, 3, 16], f32),
+        );
+        let _ = fused_causal_linear_attention(&p, &p, &v, Some((&s0, &z0)));
+    }
+
+    /// The fused features against their libtorch form: values and the gradients of x
+    /// and of the projection, for queries and keys, plain and antithetic.
+    #[test]
+    fn fused_features_match_the_libtorch_form() {
+        tch::manual_seed(12);
+        for antithetic in [false, true] {
+            for query in [false, true] {
+                let f = FavorFeatures::seeded(4, 0, 48, 20, antithetic, Device::Cpu);
+                let proj = f.proj.copy().set_requires_grad(true);
+                let f = FavorFeatures { proj, antithetic };
+                let x = (Tensor::randn([2, 3, 11, 20], (Kind::Float, Device::Cpu)) * 0.7)
+                    .set_requires_grad(true);
+                let w = Tensor::randn([2, 3, 11, 48], (Kind::Float, Device::Cpu));
+                let sc = 20f64.powf(-0.25);
+                let run = |fused: bool| {
+                    for t in [&x, &f.proj] {
+                        let mut g = t.grad();
+                        if g.defined() {
+                            let _ = g.zero_();
+                        }
+                    }
+                    let phi = if fused {
+                        f.scaled_features(&x, sc, query)
+                    } else {
+                        f.features_libtorch(&(&x * sc), query)
+                    };
+                    (&phi * &w).sum(Kind::Float).backward();
+                    [phi.detach(), x.grad().copy(), f.proj.grad().copy()]
+                };
+                let (got, want) = (run(true), run(false));
+                for (g, w, name) in [
+                    (&got[0], &want[0], "phi"),
+                    (&got[1], &want[1], "dx"),
+                    (&got[2], &want[2], "dproj"),
+                ] {
+                    assert_eq!(g.size(), w.size());
+                    let e = rel(g, w);
+                    assert!(
+                        e < 1e-5,
+                        "antithetic {antithetic}, query {query}: {name} off by {e}"
+                    );
+                }
             }
         }
     }

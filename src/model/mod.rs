@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod favor;
+pub(crate) mod ffi;
 pub(crate) mod host;
 pub mod noise;
 pub mod spe;

@@ -15,6 +15,7 @@ use std::f64::consts::PI;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::model::config::{FreqInit, SPREAD_MAX_PERIOD, SPREAD_MIN_PERIOD};
+use crate::model::ffi::{self, owned_result};
 use crate::model::{host_f32, noise};
 
 /// Periodic SPE: learned sines per (head, feature).
@@ -487,32 +488,6 @@ pub fn spe_filter_libtorch(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>
     }
 }
 
-mod ffi {
-    use std::ffi::c_char;
-    use torch_sys::C_tensor;
-
-    // src/model/spe_filter.cpp, compiled by build.rs
-    extern "C" {
-        pub fn cadenza_spe_filter(
-            x: *const C_tensor,
-            code: *const C_tensor,
-            a: *const C_tensor,
-            xi: *const C_tensor,
-        ) -> *mut C_tensor;
-        pub fn cadenza_sine_filter(
-            x: *const C_tensor,
-            omega: *const C_tensor,
-            zg: *const C_tensor,
-            a: *const C_tensor,
-            xi: *const C_tensor,
-            cycles: *const C_tensor,
-            offsets: *const C_tensor,
-            start: i64,
-        ) -> *mut C_tensor;
-        pub fn cadenza_spe_filter_error() -> *const c_char;
-    }
-}
-
 /// The gated SPE filter of [`spe_filter_with`] as one libtorch autograd function
 /// (`src/model/spe_filter.cpp`): each (position, head) is one pass over its
 /// code block for the whole batch, forward and backward, where libtorch runs
@@ -562,21 +537,6 @@ impl FfiGate {
             None => (std::ptr::null(), std::ptr::null()),
         }
     }
-}
-
-/// The tensor a C++ filter returned, which the result owns and frees.
-///
-/// # Safety
-/// `out` is null or a new tensor of `spe_filter.cpp`, owned by nobody else.
-///
-/// # Panics
-/// On null: the C++ side rejected its inputs (a caller's bug), with its reason.
-unsafe fn owned_result(out: *mut torch_sys::C_tensor, what: &str) -> Tensor {
-    if out.is_null() {
-        let why = std::ffi::CStr::from_ptr(ffi::cadenza_spe_filter_error());
-        panic!("{what}: {}", why.to_string_lossy());
-    }
-    Tensor::from_ptr(out)
 }
 
 /// Whether [`sine_filter`] takes a SineSPE of R realizations on this device and kind.

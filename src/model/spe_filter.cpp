@@ -39,16 +39,7 @@
 // in the last bits; the tests allow 1e-5 relative (2e-5 for SineSPE, whose
 // reference goes through f64 phases).
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/csrc/autograd/custom_function.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <string>
-#include <vector>
+#include "kernels.h"
 
 namespace {
 
@@ -62,33 +53,6 @@ struct Shapes {
   // strides of x over b, m, h (unit stride over d)
   int64_t sxb, sxm, sxh;
 };
-
-#define CADENZA_INLINE inline __attribute__((always_inline))
-
-// 16 floats (GCC's vector extension: one AVX-512 register, two AVX ones, four
-// SSE ones on the baseline); loads and stores through it need no alignment.
-typedef float vf __attribute__((vector_size(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4)));
-typedef int vi __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
-
-CADENZA_INLINE vf load(const float* p) { return *reinterpret_cast<const vfu*>(p); }
-CADENZA_INLINE void store(float* p, vf v) { *reinterpret_cast<vfu*>(p) = v; }
-// (a float times or plus a vf is broadcast by the compiler)
-CADENZA_INLINE vf zero() { return vf{} ; }
-// The sum of the 16 lanes, as a tree of shuffles (4 shuffles and 4 adds).
-#if defined(__clang__)
-#define CADENZA_SHUFFLE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
-#else
-#define CADENZA_SHUFFLE(v, ...) __builtin_shuffle(v, vi{__VA_ARGS__})
-#endif
-CADENZA_INLINE float hsum(vf v) {
-  v = v + CADENZA_SHUFFLE(v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  v = v + CADENZA_SHUFFLE(v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  v = v + CADENZA_SHUFFLE(v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v = v + CADENZA_SHUFFLE(v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return v[0];
-}
 
 // The rows of x of item i (one per batch row, far apart in memory: the
 // hardware prefetcher does not follow them) are asked for kAhead items early.
@@ -503,50 +467,6 @@ CADENZA_INLINE void sine_backward_items(const SineArgs& q, int64_t begin, int64_
   }
 }
 
-// One entry per (R, gated) case, compiled for AVX-512, AVX2 + FMA and the
-// baseline, picked at run time (the crate is built for baseline x86-64).
-enum class Isa { V4, V3, Base };
-
-Isa widest() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  static const Isa isa = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) return Isa::V4;
-    if (__builtin_cpu_supports("x86-64-v3")) return Isa::V3;
-    return Isa::Base;
-  }();
-  return isa;
-#else
-  return Isa::Base;
-#endif
-}
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CADENZA_TARGET(arch) __attribute__((target(arch)))
-#define CADENZA_HAS_CLONES 1
-#else
-#define CADENZA_TARGET(arch)
-#define CADENZA_HAS_CLONES 0
-#endif
-
-// NAME's kernel compiled for each instruction set, and NAME##_isa<RR, G>,
-// which calls the widest one this CPU has.
-#define CADENZA_VARIANTS(NAME, ARGS, CALL)                                    \
-  template <int RR, bool G>                                                    \
-  CADENZA_TARGET("arch=x86-64-v4") void NAME##_v4 ARGS { NAME<RR, G> CALL; } \
-  template <int RR, bool G>                                                    \
-  CADENZA_TARGET("arch=x86-64-v3") void NAME##_v3 ARGS { NAME<RR, G> CALL; } \
-  template <int RR, bool G>                                                    \
-  void NAME##_base ARGS { NAME<RR, G> CALL; }                                  \
-  template <int RR, bool G>                                                    \
-  void NAME##_isa ARGS {                                                       \
-    switch (widest()) {                                                        \
-      case Isa::V4: NAME##_v4<RR, G> CALL; break;                              \
-      case Isa::V3: NAME##_v3<RR, G> CALL; break;                              \
-      default: NAME##_base<RR, G> CALL; break;                                 \
-    }                                                                          \
-  }
-
 // NAME##_by_r<G>(r, args...): the kernel with R = 32, 64 or 16 fixed at
 // compile time, else the one for FALLBACK (0: any R, at run time).
 #define CADENZA_BY_R(NAME, FALLBACK)                \
@@ -558,19 +478,19 @@ Isa widest() {
     NAME##_isa<FALLBACK, G>(args...);                \
   }
 
-CADENZA_VARIANTS(forward_items,
+CADENZA_VARIANTS(forward_items, int, RR, bool, G,
                  (const Shapes& s, const float* x, const float* code, const float* a,
                   const float* xi, float* out, int64_t begin, int64_t end),
                  (s, x, code, a, xi, out, begin, end))
-CADENZA_VARIANTS(backward_items,
+CADENZA_VARIANTS(backward_items, int, RR, bool, G,
                  (const Shapes& s, const float* x, const float* code, const float* a,
                   const float* xi, const float* g, const Grads& out, int64_t begin,
                   int64_t end),
                  (s, x, code, a, xi, g, out, begin, end))
 
-CADENZA_VARIANTS(sine_forward_items, (const SineArgs& q, float* acc, int64_t begin, int64_t end),
+CADENZA_VARIANTS(sine_forward_items, int, RR, bool, G, (const SineArgs& q, float* acc, int64_t begin, int64_t end),
                  (q, acc, begin, end))
-CADENZA_VARIANTS(sine_backward_items, (const SineArgs& q, int64_t begin, int64_t end),
+CADENZA_VARIANTS(sine_backward_items, int, RR, bool, G, (const SineArgs& q, int64_t begin, int64_t end),
                  (q, begin, end))
 
 CADENZA_BY_R(forward_items, 0)
@@ -806,8 +726,6 @@ struct SineFilter : public torch::autograd::Function<SineFilter> {
   }
 };
 
-thread_local std::string last_error;
-
 // A gate of h heads, d features and r realizations: f32 a (H, D) and xi (H, D, R).
 void check_gate(const Tensor& a, const Tensor& xi, int64_t h, int64_t d, int64_t r) {
   TORCH_CHECK(a.scalar_type() == at::kFloat && xi.scalar_type() == at::kFloat, "f32 gate");
@@ -859,7 +777,7 @@ void check_sine_inputs(const Tensor& x, const Tensor& omega, const Tensor& zg, c
 extern "C" {
 
 // The filter's output as a new tensor the caller owns (tch's C_tensor is an
-// at::Tensor*), or null with the reason in cadenza_spe_filter_error(). a and
+// at::Tensor*), or null with the reason in cadenza_kernel_error(). a and
 // xi may be null (ungated).
 at::Tensor* cadenza_spe_filter(const at::Tensor* x, const at::Tensor* code, const at::Tensor* a,
                                const at::Tensor* xi) {
@@ -871,13 +789,13 @@ at::Tensor* cadenza_spe_filter(const at::Tensor* x, const at::Tensor* code, cons
     if (ta.defined()) return new at::Tensor(GatedFilter::apply(*x, *code, ta, tn));
     return new at::Tensor(PlainFilter::apply(*x, *code));
   } catch (const std::exception& e) {
-    last_error = e.what();
+    cadenza_last_error() = e.what();
     return nullptr;
   }
 }
 
 // SineSPE's filter (SineFilter) as a new tensor, or null with the reason in
-// cadenza_spe_filter_error(). a and xi are null when ungated, offsets on the
+// cadenza_kernel_error(). a and xi are null when ungated, offsets on the
 // key side.
 at::Tensor* cadenza_sine_filter(const at::Tensor* x, const at::Tensor* omega,
                                 const at::Tensor* zg, const at::Tensor* a, const at::Tensor* xi,
@@ -891,11 +809,11 @@ at::Tensor* cadenza_sine_filter(const at::Tensor* x, const at::Tensor* omega,
     check_sine_inputs(*x, *omega, *zg, ta, tn, *cycles, to);
     return new at::Tensor(SineFilter::apply(*x, *omega, *zg, ta, tn, *cycles, to, start));
   } catch (const std::exception& e) {
-    last_error = e.what();
+    cadenza_last_error() = e.what();
     return nullptr;
   }
 }
 
-const char* cadenza_spe_filter_error() { return last_error.c_str(); }
+const char* cadenza_kernel_error() { return cadenza_last_error().c_str(); }
 
 }  // extern "C"

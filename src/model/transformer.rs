@@ -1171,8 +1171,8 @@ impl Transformer {
                             None => &self.frozen.features[i],
                         };
                         let sc = (dk as f64).powf(-0.25);
-                        let pq = feats.features(&(&qa * sc), true);
-                        let pk = feats.features(&(&ka * sc), false);
+                        let pq = feats.scaled_features(&qa, sc, true);
+                        let pk = feats.scaled_features(&ka, sc, false);
                         let vf = as_kind(&v, Kind::Float);
                         let out = match lstate {
                             Some(LayerState::Favor { s, z }) => {
