@@ -1,6 +1,7 @@
 //! Bakes an rpath to libtorch into the binaries so that `cadenza` runs without
 //! LD_LIBRARY_PATH, and compiles the crate's C++ kernels,
-//! `src/model/spe_filter.cpp` and `src/model/favor_attention.cpp` (libtorch
+//! `src/model/spe_filter.cpp`, `src/model/favor_attention.cpp` and
+//! `src/model/rope.cpp` (libtorch
 //! autograd functions: `tch` has no way to define one in Rust), against the
 //! same libtorch headers and C++ ABI as torch-sys. `DEP_TCH_LIBTORCH_LIB` is exported by torch-sys (links = "tch")
 //! and reaches this crate because it depends on torch-sys directly.
@@ -10,7 +11,11 @@ use std::path::Path;
 /// for its own C++ (C++ ABI, PIC), optimized, and with float reassociation so
 /// that its dot products vectorize (the file says where that moves the floats).
 fn compile_kernels(lib: &Path) {
-    let sources = ["src/model/spe_filter.cpp", "src/model/favor_attention.cpp"];
+    let sources = [
+        "src/model/spe_filter.cpp",
+        "src/model/favor_attention.cpp",
+        "src/model/rope.cpp",
+    ];
     for src in sources.iter().chain(&["src/model/kernels.h"]) {
         println!("cargo:rerun-if-changed={src}");
     }

@@ -1,7 +1,7 @@
 //! The crate's C++ kernels (libtorch autograd functions that `tch` cannot
-//! define in Rust), compiled by `build.rs`: `spe_filter.cpp` (SPE's filter)
-//! and `favor_attention.cpp` (FAVOR+'s causal linear attention), with what they
-//! share in `kernels.h`. Each returns new tensors that the caller owns, or a
+//! define in Rust), compiled by `build.rs`: `spe_filter.cpp` (SPE's filter),
+//! `favor_attention.cpp` (FAVOR+'s features and causal linear attention) and
+//! `rope.cpp` (RoPE), with what they share in `kernels.h`. Each returns new tensors that the caller owns, or a
 //! failure whose reason [`cadenza_kernel_error`] holds.
 
 use std::ffi::c_char;
@@ -41,6 +41,11 @@ extern "C" {
         scale: f64,
         query: bool,
         antithetic: bool,
+    ) -> *mut C_tensor;
+    pub fn cadenza_rope(
+        x: *const C_tensor,
+        cos: *const C_tensor,
+        sin: *const C_tensor,
     ) -> *mut C_tensor;
     /// Why the last failed call of this thread failed.
     pub fn cadenza_kernel_error() -> *const c_char;

@@ -1164,7 +1164,9 @@ impl Transformer {
                 });
                 let lstate = state.as_deref_mut().map(|s| &mut s.layers[i]);
                 let att = match &cfg.attention {
-                    AttentionKind::Favor { .. } if hl == h => local.expect("local heads"),
+                    AttentionKind::Favor { .. } if hl == h => {
+                        local.expect("local heads").permute([0, 2, 1, 3])
+                    }
                     AttentionKind::Favor { .. } => {
                         let feats = match &train_guard {
                             Some(g) => &g[i],
@@ -1203,9 +1205,11 @@ impl Transformer {
                             Some(_) => unreachable!("state/attention mismatch"),
                             None => causal_linear_attention(&pq, &pk, &vf, cfg.chunk_size, None).0,
                         };
-                        let out = as_kind(&out, kind);
+                        let out = as_kind(&out, kind).permute([0, 2, 1, 3]);
                         match local {
-                            Some(l) => Tensor::cat(&[&l, &out], 1),
+                            // (B, L, H, hd) in one copy, which the reshape below then
+                            // views: a concatenation over heads would be a second one
+                            Some(l) => Tensor::cat(&[&l.permute([0, 2, 1, 3]), &out], 2),
                             None => out,
                         }
                     }
@@ -1223,12 +1227,13 @@ impl Transformer {
                             UNBOUNDED,
                             cache,
                         );
-                        as_kind(&out, kind)
+                        as_kind(&out, kind).permute([0, 2, 1, 3])
                     }
                 };
                 att
             };
-            let att = att.permute([0, 2, 1, 3]).reshape([b, l, d]).apply(&blk.out);
+            // att: (B, L, H, hd)
+            let att = att.reshape([b, l, d]).apply(&blk.out);
             x = x + dropout(att, p, train);
             let ff = x
                 .apply(&blk.norm2)
@@ -1804,7 +1809,31 @@ fn rope_frequencies(dim: i64) -> Vec<f64> {
 /// products and a sum over the whole width, where the halves took four products, two
 /// sums and a concatenation over rows of half the width. Both give the same floats
 /// (`a + (-b)` is `a - b`, and sums commute).
-pub(crate) fn apply_rope(x: &Tensor, (cos, sin): &(Tensor, Tensor)) -> Tensor {
+///
+/// On the CPU in f32 both ways are one pass over the rows (`src/model/rope.cpp`),
+/// elsewhere [`apply_rope_libtorch`].
+pub(crate) fn apply_rope(x: &Tensor, tables: &(Tensor, Tensor)) -> Tensor {
+    let cpu_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
+    let (cos, sin) = tables;
+    if !(cpu_f32(x) && cpu_f32(cos) && cpu_f32(sin)) {
+        return apply_rope_libtorch(x, tables);
+    }
+    let x = if x.stride()[3] == 1 {
+        x.shallow_clone()
+    } else {
+        x.contiguous()
+    };
+    // SAFETY: live tensor handles; the result is a new tensor or null.
+    unsafe {
+        crate::model::ffi::owned_result(
+            crate::model::ffi::cadenza_rope(x.as_ptr(), cos.as_ptr(), sin.as_ptr()),
+            "fused RoPE",
+        )
+    }
+}
+
+/// [`apply_rope`] in libtorch calls (any device and kind).
+pub(crate) fn apply_rope_libtorch(x: &Tensor, (cos, sin): &(Tensor, Tensor)) -> Tensor {
     let half = x.size()[3] / 2;
     let x = as_kind(x, Kind::Float);
     &x * cos + x.roll([half], [3]) * sin
