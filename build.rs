@@ -60,8 +60,15 @@ fn wants_cuda(lib: &Path) -> bool {
         _ => {}
     }
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
-    let stamp = Path::new(&manifest).join(".venv/.cadenza-torch-2.13.0-cuda");
-    println!("cargo:rerun-if-changed={}", stamp.display());
+    let venv = Path::new(&manifest).join(".venv");
+    let stamp = venv.join(".cadenza-torch-2.13.0-cuda");
+    // scripts/setup-libtorch.sh leaves one stamp, -cpu or -cuda, and removes the other:
+    // watch the one there (a path that does not exist would make cargo rerun this
+    // script, and rebuild the crate and its C++, at every invocation)
+    let cpu = venv.join(".cadenza-torch-2.13.0-cpu");
+    if let Some(there) = [&stamp, &cpu].into_iter().find(|p| p.exists()) {
+        println!("cargo:rerun-if-changed={}", there.display());
+    }
     stamp.exists() && lib.join("libtorch_cuda.so").exists()
 }
 

@@ -31,7 +31,7 @@ struct Opts {
     vocab: i64,
     attention: String,
     positional: String,
-    /// FAVOR+ chunk size (0 = the preset's).
+    /// FAVOR+ chunk size (0 = the preset's; the fused CPU kernel takes none).
     chunk: i64,
     /// Heads of exact softmax over the last `local_window` tokens (the
     /// shipped model: 2 of 4, window 128).

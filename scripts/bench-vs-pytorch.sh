@@ -19,6 +19,8 @@
 #              least 64k tokens' worth], THREADS [2], BATCH [by L, as above],
 #              LOCAL_HEADS [0; the shipped model: 2], LOCAL_WINDOW [128],
 #              LOCAL_POSITION [shared; the shipped model: rope],
+#              REPEAT [1: alternated cadenza/PyTorch pairs per row; with more,
+#              the table gives medians and the range of the pairs' ratios],
 #              OUT [runs/bench-vs-pytorch].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,7 @@ threads=${THREADS:-2}
 local_heads=${LOCAL_HEADS:-0}
 local_window=${LOCAL_WINDOW:-128}
 local_position=${LOCAL_POSITION:-shared}
+repeat=${REPEAT:-1}
 out=${OUT:-runs/bench-vs-pytorch}
 py=runs/ref-venv/bin/python
 [ -x $py ] || { echo "no $py: run scripts/reference/setup.sh first" >&2; exit 1; }
@@ -40,10 +43,12 @@ for L in $lens; do
   [ -n "${BATCH:-}" ] && B=$BATCH
   # At least 64k timed tokens per row: short steps are noisy.
   n=$(( 65536 / (B * L) )); [ $n -lt $steps ] && n=$steps
-  echo "L=$L batch=$B steps=$n" >&2
-  cargo bench -q --bench train_speed -- --len $L --batch $B --steps $n --threads $threads \
-    --local-heads $local_heads --local-window $local_window --local-position $local_position >> "$res"
-  $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $n --threads $threads \
-    2>/dev/null >> "$res"
+  for rep in $(seq "$repeat"); do
+    echo "L=$L batch=$B steps=$n pair $rep/$repeat" >&2
+    cargo bench -q --bench train_speed -- --len $L --batch $B --steps $n --threads $threads \
+      --local-heads $local_heads --local-window $local_window --local-position $local_position >> "$res"
+    $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $n --threads $threads \
+      2>/dev/null >> "$res"
+  done
 done
 python3 scripts/bench_table.py "$res"
