@@ -68,6 +68,24 @@ struct Args {
   }
 };
 
+// Two rows of a state, `stride` floats apart, each plus a multiple of x and
+// written back, and each new row times its weight added to its sum:
+// s_r += a_r x, acc_r += w_r s_r for r = 0, 1 (two rows per step: twice the
+// independent chains of multiply-adds).
+template <int N>
+CADENZA_INLINE void update_two_rows(float* s, int64_t stride, float a0, float a1, const vf* x,
+                                    float w0, float w1, vf* acc0, vf* acc1) {
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) {
+    const vf t0 = load(s + kLanes * j) + a0 * x[j];
+    const vf t1 = load(s + stride + kLanes * j) + a1 * x[j];
+    store(s + kLanes * j, t0);
+    store(s + stride + kLanes * j, t1);
+    acc0[j] += w0 * t0;
+    acc1[j] += w1 * t1;
+  }
+}
+
 // The forward of items [begin, end): out and rden rows, and each item's
 // final state, in which S and z are carried (s_end, z_end).
 template <int NM, int NV>
@@ -96,20 +114,9 @@ CADENZA_INLINE void forward_items(const Args& a, float* out, float* rden, float*
         vv[c] = load(vr + kLanes * c);
         n0[c] = n1[c] = zero();
       }
-      // two sums of the numerator, for twice the independent chains
-      for (int m = 0; m < M; m += 2) {
-        float* s = S + m * DV;
-        const float k0 = kr[m], k1 = kr[m + 1], q0 = qr[m], q1 = qr[m + 1];
-#pragma GCC unroll 8
-        for (int c = 0; c < NV; ++c) {
-          const vf t0 = load(s + kLanes * c) + k0 * vv[c];
-          const vf t1 = load(s + DV + kLanes * c) + k1 * vv[c];
-          store(s + kLanes * c, t0);
-          store(s + DV + kLanes * c, t1);
-          n0[c] += q0 * t0;
-          n1[c] += q1 * t1;
-        }
-      }
+      // S's rows m += pk[m] v, the numerator += pq[m] S's row m
+      for (int m = 0; m < M; m += 2)
+        update_two_rows<NV>(S + m * DV, DV, kr[m], kr[m + 1], vv, qr[m], qr[m + 1], n0, n1);
       const float r = 1.f / (hsum(dv) + kEps);
       float* o = out + (i * a.l + t) * DV;
 #pragma GCC unroll 8
@@ -174,19 +181,9 @@ CADENZA_INLINE void backward_items(const Args& a, const Grads& gr, float* scratc
           acc0[j] = dd * zj;
           acc1[j] = zero();
         }
-        for (int c = 0; c < DV; c += 2) {
-          float* s = St + c * M;
-          const float v0 = vr[c], v1 = vr[c + 1], d0 = dn[c], d1 = dn[c + 1];
-#pragma GCC unroll 8
-          for (int j = 0; j < NM; ++j) {
-            const vf t0 = load(s + kLanes * j) + v0 * kv[j];
-            const vf t1 = load(s + M + kLanes * j) + v1 * kv[j];
-            store(s + kLanes * j, t0);
-            store(s + M + kLanes * j, t1);
-            acc0[j] += d0 * t0;
-            acc1[j] += d1 * t1;
-          }
-        }
+        // St's rows c += v[c] pk, dpq += dn[c] St's row c
+        for (int c = 0; c < DV; c += 2)
+          update_two_rows<NM>(St + c * M, M, vr[c], vr[c + 1], kv, dn[c], dn[c + 1], acc0, acc1);
         float* o = gr.dpq + (i * a.l + t) * M;
 #pragma GCC unroll 8
         for (int j = 0; j < NM; ++j) store(o + kLanes * j, acc0[j] + acc1[j]);
