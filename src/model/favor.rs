@@ -93,7 +93,8 @@ impl FavorFeatures {
     /// twelve back); elsewhere [`FavorFeatures::features_libtorch`].
     pub fn scaled_features(&self, x: &Tensor, scale: f64, query: bool) -> Tensor {
         let cpu_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
-        if !(cpu_f32(x) && cpu_f32(&self.proj)) {
+        let sizes = self.proj.numel() > 0 && x.size().last().is_some_and(|&r| r > 0);
+        if !(cpu_f32(x) && cpu_f32(&self.proj) && sizes) {
             return self.features_libtorch(&(x * scale), query);
         }
         let x = x.contiguous();
@@ -301,6 +302,12 @@ pub fn fused_causal_linear_attention(
     state: Option<(&Tensor, &Tensor)>,
 ) -> (Tensor, Tensor, Tensor) {
     let s = phi_q.size();
+    assert!(
+        s.len() == 4 && phi_k.size() == s && v.dim() == 4 && v.size()[..3] == s[..3],
+        "fused FAVOR+ attention: phi_q {s:?}, phi_k {:?} and v {:?} do not fit",
+        phi_k.size(),
+        v.size()
+    );
     let (b, h, m, dv) = (s[0], s[1], s[3], v.size()[3]);
     let (pm, pdv) = match (padded_size(m), padded_size(dv)) {
         (Some(pm), Some(pdv)) => (pm, pdv),
@@ -308,12 +315,22 @@ pub fn fused_causal_linear_attention(
     };
     let (pq, pk, pv) = (pad_last(phi_q, pm), pad_last(phi_k, pm), pad_last(v, pdv));
     let (s0, z0) = match state {
-        Some((s0, z0)) => (
-            pad_last(&pad_last(s0, pdv).transpose(-1, -2), pm)
-                .transpose(-1, -2)
-                .contiguous(),
-            pad_last(z0, pm).contiguous(),
-        ),
+        // (a state that broadcasts over the batch or heads is expanded first; one of
+        // another shape is refused before padding could hide it)
+        Some((s0, z0)) => {
+            let s0 = s0.f_expand([b, h, m, dv], false).unwrap_or_else(|_| {
+                panic!("fused FAVOR+ attention: s0 {:?} does not fit", s0.size())
+            });
+            let z0 = z0.f_expand([b, h, m], false).unwrap_or_else(|_| {
+                panic!("fused FAVOR+ attention: z0 {:?} does not fit", z0.size())
+            });
+            let s0 = if m < pm {
+                pad_last(&pad_last(&s0, pdv).transpose(-1, -2), pm).transpose(-1, -2)
+            } else {
+                pad_last(&s0, pdv)
+            };
+            (s0.contiguous(), pad_last(&z0, pm).contiguous())
+        }
         None => (
             Tensor::zeros([b, h, pm, pdv], (Kind::Float, Device::Cpu)),
             Tensor::zeros([b, h, pm], (Kind::Float, Device::Cpu)),
@@ -625,7 +642,7 @@ mod tests {
     fn fused_attention_matches_the_chunked_form() {
         tch::manual_seed(10);
         let (b, h, l) = (2, 3, 37);
-        for (m, dv) in [(16, 5), (64, 64), (20, 40)] {
+        for (m, dv) in [(16, 5), (64, 64), (20, 40), (100, 32)] {
             let f32 = (Kind::Float, Device::Cpu);
             let leaf = |t: Tensor| t.set_requires_grad(true);
             let pq = leaf(Tensor::rand([b, h, l, m], f32));
@@ -662,6 +679,23 @@ mod tests {
                 got
             };
             let (got, want) = (run(true), run(false));
+            // a prefix, then the rest from its final state, is the whole
+            let (vh, cut) = (v.permute([0, 2, 1, 3]).detach(), 10);
+            let part = |t: &Tensor, from: i64, n: i64| t.detach().narrow(2, from, n);
+            let (_, s1, z1) = fused_causal_linear_attention(
+                &part(&pq, 0, cut),
+                &part(&pk, 0, cut),
+                &part(&vh, 0, cut),
+                Some((&s0.detach(), &z0.detach())),
+            );
+            let (rest, _, _) = fused_causal_linear_attention(
+                &part(&pq, cut, l - cut),
+                &part(&pk, cut, l - cut),
+                &part(&vh, cut, l - cut),
+                Some((&s1, &z1)),
+            );
+            let e = rel(&rest, &got[0].narrow(2, cut, l - cut));
+            assert!(e < 1e-5, "M {m}, Dv {dv}: split off by {e}");
             let names = ["out", "s_end", "z_end", "dpq", "dpk", "dv", "ds0", "dz0"];
             for ((g, w), name) in got.iter().zip(&want).zip(names) {
                 assert_eq!(g.size(), w.size(), "M {m}, Dv {dv}: {name}");
@@ -689,6 +723,39 @@ mod tests {
             fused_causal_linear_attention(&none(&pq), &none(&pk), &none(&v), Some((&s, &z)));
         assert_eq!(o3.size(), [1, 2, 0, 16]);
         assert!(rel(&s3, &s) == 0.0 && rel(&z3, &z) == 0.0);
+    }
+
+    /// Keys with fewer features than the queries are refused, not padded to fit.
+    #[test]
+    #[should_panic(expected = "do not fit")]
+    fn fused_attention_rejects_keys_of_another_width() {
+        let f32 = (Kind::Float, Device::Cpu);
+        let v = Tensor::rand([1, 2, 4, 16], f32);
+        let _ = fused_causal_linear_attention(
+            &Tensor::rand([1, 2, 4, 20], f32),
+            &Tensor::rand([1, 2, 4, 18], f32),
+            &v,
+            None,
+        );
+    }
+
+    /// A state that broadcasts over the batch, as the chunked form takes it.
+    #[test]
+    fn fused_attention_takes_a_broadcast_state() {
+        tch::manual_seed(13);
+        let f32 = (Kind::Float, Device::Cpu);
+        let (pq, pk) = (
+            Tensor::rand([3, 2, 6, 16], f32),
+            Tensor::rand([3, 2, 6, 16], f32),
+        );
+        let v = Tensor::randn([3, 2, 6, 16], f32);
+        let (s0, z0) = (
+            Tensor::rand([1, 2, 16, 16], f32),
+            Tensor::rand([1, 2, 16], f32),
+        );
+        let got = fused_causal_linear_attention(&pq, &pk, &v, Some((&s0, &z0))).0;
+        let want = causal_linear_attention_chunked(&pq, &pk, &v, 4, Some((&s0, &z0))).0;
+        assert!(rel(&got, &want) < 1e-5);
     }
 
     #[test]

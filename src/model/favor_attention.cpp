@@ -467,8 +467,12 @@ struct FavorFeatureMap : public torch::autograd::Function<FavorFeatureMap> {
                         bool query, bool antithetic) {
     const FeatureArgs f = args_of(x, proj, c, query, antithetic);
     const Tensor x2 = x.reshape({f.n_rows, f.r});
-    // u in the first n columns of each row of phi
-    Tensor phi = at::empty({f.n_rows, f.m}, x.options());
+    auto shape = x.sizes().vec();
+    shape.back() = f.m;
+    // the output itself (a view would refuse in-place use), seen as rows; u in the
+    // first n columns of each row
+    Tensor out = at::empty(shape, x.options());
+    Tensor phi = out.view({f.n_rows, f.m});
     Tensor u = phi.narrow(1, 0, f.n);
     at::mm_out(u, x2, proj.t());
     float* pp = phi.data_ptr<float>();
@@ -477,13 +481,11 @@ struct FavorFeatureMap : public torch::autograd::Function<FavorFeatureMap> {
       features_kernel_isa<0, 0>(f, px, pp, begin, end);
     });
     phi.exp_();
-    ctx->save_for_backward({x, proj, phi});
+    ctx->save_for_backward({x, proj, out});
     ctx->saved_data["c"] = c;
     ctx->saved_data["query"] = query;
     ctx->saved_data["antithetic"] = antithetic;
-    auto shape = x.sizes().vec();
-    shape.back() = f.m;
-    return phi.view(shape);
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -570,6 +572,8 @@ at::Tensor* cadenza_favor_features(const at::Tensor* x, const at::Tensor* proj, 
     TORCH_CHECK(x->is_contiguous() && proj->is_contiguous(), "x and proj must be contiguous");
     TORCH_CHECK(x->dim() >= 1 && proj->dim() == 2 && proj->size(1) == x->size(-1),
                 "proj ", proj->sizes(), " does not fit x ", x->sizes());
+    TORCH_CHECK(proj->size(0) > 0 && proj->size(1) > 0,
+                "the fused FAVOR+ features need at least one feature and one input dimension");
     return new at::Tensor(FavorFeatureMap::apply(*x, *proj, scale, query, antithetic));
   } catch (const std::exception& e) {
     cadenza_last_error() = e.what();

@@ -587,7 +587,8 @@ fn rope_turns_each_pair_by_its_angle() {
 }
 
 /// The fused RoPE against its libtorch form, on a strided view (as the model's
-/// queries are, cut from its projections): values and the gradient of x.
+/// queries are, cut from its projections): values and the gradient of x, which
+/// reaches it through a transpose (an incoming gradient without unit stride).
 #[test]
 fn fused_rope_matches_the_libtorch_form() {
     tch::manual_seed(23);
@@ -606,7 +607,9 @@ fn fused_rope_matches_the_libtorch_form() {
         } else {
             apply_rope_libtorch(&xv, &tables)
         };
-        (&out * &w).sum(Kind::Float).backward();
+        (out.transpose(2, 3) * w.transpose(2, 3))
+            .sum(Kind::Float)
+            .backward();
         (out.detach(), x.grad().copy())
     };
     let ((o1, g1), (o2, g2)) = (run(true), run(false));
