@@ -1,5 +1,6 @@
 //! FAVOR+ (Performer) positive orthogonal random features and causal linear attention
-//! (chunked parallel form and recurrent form). Everything here runs in f32.
+//! (parallel forms, fused on the CPU and chunked elsewhere, and the recurrent form).
+//! Everything here runs in f32.
 
 // `a = a + b` is deliberate: tch's `+=` is an in-place add, which would write into
 // tensors that autograd or a caller still holds.

@@ -6,7 +6,7 @@
 //! * [`Transformer::freeze`] fixes every random quantity (SPE noise, gate noise, FAVOR+
 //!   features) from a seed so that the model is a deterministic function usable as a
 //!   recurrence: [`Transformer::begin`] / [`Transformer::prefill`] / [`Transformer::step`]
-//!   give the same logits as the parallel chunked form, at constant cost per token.
+//!   give the same logits as the parallel form, at constant cost per token.
 
 pub mod config;
 pub mod favor;

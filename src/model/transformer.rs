@@ -754,7 +754,7 @@ impl Transformer {
         );
     }
 
-    /// Runs a (B, L) chunk from `state.position` (chunked parallel form, frozen noise), returns
+    /// Runs a (B, L) chunk from `state.position` (parallel form, frozen noise), returns
     /// (B, L, V) logits and advances the state. No autograd graph is recorded.
     pub fn prefill(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
         self.check_state(state, tokens.size()[0]);

@@ -1,4 +1,4 @@
-//! Generation: a prompt is run once through the chunked forward pass, then
+//! Generation: a prompt is run once through the parallel forward pass, then
 //! each new token is one recurrent step with constant state (FAVOR+ prefix
 //! sums S, z per layer; frozen SPE noise and features), so a 16,384-token
 //! piece costs per token what a 16-token one does.
