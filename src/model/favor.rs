@@ -706,15 +706,18 @@ mod tests {
         }
     }
 
+    /// Features of queries and keys, uniform in [0, 1).
+    fn rand_features(shape: &[i64]) -> (Tensor, Tensor) {
+        let f32 = (Kind::Float, Device::Cpu);
+        (Tensor::rand(shape, f32), Tensor::rand(shape, f32))
+    }
+
     /// Without a state it starts from zeros; an empty call returns the state it was given.
     #[test]
     fn fused_attention_from_zero_and_over_no_positions() {
         tch::manual_seed(11);
         let f32 = (Kind::Float, Device::Cpu);
-        let (pq, pk) = (
-            Tensor::rand([1, 2, 9, 32], f32),
-            Tensor::rand([1, 2, 9, 32], f32),
-        );
+        let (pq, pk) = rand_features(&[1, 2, 9, 32]);
         let v = Tensor::randn([1, 2, 9, 16], f32);
         let (o, s, z) = fused_causal_linear_attention(&pq, &pk, &v, None);
         let (o2, s2, z2) = causal_linear_attention_chunked(&pq, &pk, &v, 4, None);
@@ -745,10 +748,7 @@ mod tests {
     fn fused_attention_takes_a_broadcast_state() {
         tch::manual_seed(13);
         let f32 = (Kind::Float, Device::Cpu);
-        let (pq, pk) = (
-            Tensor::rand([3, 2, 6, 16], f32),
-            Tensor::rand([3, 2, 6, 16], f32),
-        );
+        let (pq, pk) = rand_features(&[3, 2, 6, 16]);
         let v = Tensor::randn([3, 2, 6, 16], f32);
         let (s0, z0) = (
             Tensor::rand([1, 2, 16, 16], f32),

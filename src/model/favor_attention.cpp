@@ -71,10 +71,13 @@ struct Args {
 // Two rows of a state, `stride` floats apart, each plus a multiple of x and
 // written back, and each new row times its weight added to its sum:
 // s_r += a_r x, acc_r += w_r s_r for r = 0, 1 (two rows per step: twice the
-// independent chains of multiply-adds).
-template <int N>
+// independent chains of multiply-adds). With DOT, also dot_r += s_r * y
+// (lane by lane; the caller sums the lanes).
+template <int N, bool DOT = false>
 CADENZA_INLINE void update_two_rows(float* s, int64_t stride, float a0, float a1, const vf* x,
-                                    float w0, float w1, vf* acc0, vf* acc1) {
+                                    float w0, float w1, vf* acc0, vf* acc1,
+                                    const vf* y = nullptr, vf* dot0 = nullptr,
+                                    vf* dot1 = nullptr) {
 #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) {
     const vf t0 = load(s + kLanes * j) + a0 * x[j];
@@ -83,6 +86,10 @@ CADENZA_INLINE void update_two_rows(float* s, int64_t stride, float a0, float a1
     store(s + stride + kLanes * j, t1);
     acc0[j] += w0 * t0;
     acc1[j] += w1 * t1;
+    if (DOT) {
+      *dot0 += t0 * y[j];
+      *dot1 += t1 * y[j];
+    }
   }
 }
 
@@ -209,21 +216,11 @@ CADENZA_INLINE void backward_items(const Args& a, const Grads& gr, float* scratc
           acc1[j] = zero();
         }
         float* dvr = gr.dv ? gr.dv + (i * a.l + t) * DV : nullptr;
+        // Tt's rows c += dn[c] pq, dpk += v[c] Tt's row c, dv[c] = Tt's row c . pk
         for (int c = 0; c < DV; c += 2) {
-          float* s = Tt + c * M;
-          const float d0 = dn[c], d1 = dn[c + 1], v0 = vr[c], v1 = vr[c + 1];
           vf p0 = zero(), p1 = zero();
-#pragma GCC unroll 8
-          for (int j = 0; j < NM; ++j) {
-            const vf t0 = load(s + kLanes * j) + d0 * qv[j];
-            const vf t1 = load(s + M + kLanes * j) + d1 * qv[j];
-            store(s + kLanes * j, t0);
-            store(s + M + kLanes * j, t1);
-            acc0[j] += v0 * t0;
-            acc1[j] += v1 * t1;
-            p0 += t0 * kv[j];
-            p1 += t1 * kv[j];
-          }
+          update_two_rows<NM, true>(Tt + c * M, M, dn[c], dn[c + 1], qv, vr[c], vr[c + 1], acc0,
+                                    acc1, kv, &p0, &p1);
           if (dvr) {
             dvr[c] = hsum(p0);
             dvr[c + 1] = hsum(p1);
