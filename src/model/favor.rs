@@ -8,7 +8,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::model::noise;
+use crate::model::ffi::unit_last_stride;
+use crate::model::{cpu_f32, noise};
 
 /// Denominator epsilon.
 pub const EPS: f64 = 1e-6;
@@ -93,7 +94,6 @@ impl FavorFeatures {
     /// the rows each way, where the libtorch form is some eight calls forward and
     /// twelve back); elsewhere [`FavorFeatures::features_libtorch`].
     pub fn scaled_features(&self, x: &Tensor, scale: f64, query: bool) -> Tensor {
-        let cpu_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
         let sizes = self.proj.numel() > 0 && x.size().last().is_some_and(|&r| r > 0);
         if !(cpu_f32(x) && cpu_f32(&self.proj) && sizes) {
             return self.features_libtorch(&(x * scale), query);
@@ -243,11 +243,10 @@ pub fn causal_linear_attention(
     chunk: i64,
     state: Option<(&Tensor, &Tensor)>,
 ) -> (Tensor, Tensor, Tensor) {
-    let on_cpu_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
-    let state_fits = state.is_none_or(|(s, z)| on_cpu_f32(s) && on_cpu_f32(z));
-    if on_cpu_f32(phi_q)
-        && on_cpu_f32(phi_k)
-        && on_cpu_f32(v)
+    let state_fits = state.is_none_or(|(s, z)| cpu_f32(s) && cpu_f32(z));
+    if cpu_f32(phi_q)
+        && cpu_f32(phi_k)
+        && cpu_f32(v)
         && state_fits
         && fused_applies(phi_q.size()[3], v.size()[3])
     {
@@ -274,15 +273,10 @@ fn padded_size(n: i64) -> Option<i64> {
 /// the fused kernel takes it (itself when it already is).
 fn pad_last(t: &Tensor, to: i64) -> Tensor {
     let n = *t.size().last().expect("a tensor with dimensions");
-    let t = if n < to {
+    if n < to {
         t.constant_pad_nd([0, to - n])
     } else {
-        t.shallow_clone()
-    };
-    if t.stride().last() == Some(&1) {
-        t
-    } else {
-        t.contiguous()
+        unit_last_stride(t)
     }
 }
 

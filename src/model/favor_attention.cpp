@@ -361,7 +361,11 @@ struct FeatureArgs {
   bool query;
 };
 
+// (The row kernels below take two unused template parameters: the per-ISA
+// variants, CADENZA_VARIANTS, are made for two.)
+
 // log phi in place of u (libtorch's vectorized exp follows); rows [begin, end).
+template <int, int>
 CADENZA_INLINE void features_rows(const FeatureArgs& f, const float* x, float* phi,
                                   int64_t begin, int64_t end) {
   const float log_norm = -0.5f * std::log(static_cast<float>(f.m));
@@ -385,6 +389,7 @@ CADENZA_INLINE void features_rows(const FeatureArgs& f, const float* x, float* p
 }
 
 // t = dphi * phi into dphi, whose first n columns then become du; rs = sum_m t.
+template <int, int>
 CADENZA_INLINE void feature_grads_rows(const FeatureArgs& f, const float* phi, float* g,
                                        float* rs, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
@@ -402,6 +407,7 @@ CADENZA_INLINE void feature_grads_rows(const FeatureArgs& f, const float* phi, f
 }
 
 // dx = c (du P) - c^2 rs x, in place of du P.
+template <int, int>
 CADENZA_INLINE void feature_dx_rows(const FeatureArgs& f, const float* x, const float* rs,
                                     float* dx, int64_t begin, int64_t end) {
   const float c2 = f.c * f.c;
@@ -413,30 +419,14 @@ CADENZA_INLINE void feature_dx_rows(const FeatureArgs& f, const float* x, const 
   }
 }
 
-// (plain functions: the per-ISA variants take two template parameters)
-template <int, int>
-CADENZA_INLINE void features_kernel(const FeatureArgs& f, const float* x, float* phi,
-                                    int64_t begin, int64_t end) {
-  features_rows(f, x, phi, begin, end);
-}
-template <int, int>
-CADENZA_INLINE void feature_grads_kernel(const FeatureArgs& f, const float* phi, float* g,
-                                         float* rs, int64_t begin, int64_t end) {
-  feature_grads_rows(f, phi, g, rs, begin, end);
-}
-template <int, int>
-CADENZA_INLINE void feature_dx_kernel(const FeatureArgs& f, const float* x, const float* rs,
-                                      float* dx, int64_t begin, int64_t end) {
-  feature_dx_rows(f, x, rs, dx, begin, end);
-}
-CADENZA_VARIANTS(features_kernel, int, A, int, B,
+CADENZA_VARIANTS(features_rows, int, A, int, B,
                  (const FeatureArgs& f, const float* x, float* phi, int64_t begin, int64_t end),
                  (f, x, phi, begin, end))
-CADENZA_VARIANTS(feature_grads_kernel, int, A, int, B,
+CADENZA_VARIANTS(feature_grads_rows, int, A, int, B,
                  (const FeatureArgs& f, const float* phi, float* g, float* rs, int64_t begin,
                   int64_t end),
                  (f, phi, g, rs, begin, end))
-CADENZA_VARIANTS(feature_dx_kernel, int, A, int, B,
+CADENZA_VARIANTS(feature_dx_rows, int, A, int, B,
                  (const FeatureArgs& f, const float* x, const float* rs, float* dx,
                   int64_t begin, int64_t end),
                  (f, x, rs, dx, begin, end))
@@ -475,7 +465,7 @@ struct FavorFeatureMap : public torch::autograd::Function<FavorFeatureMap> {
     float* pp = phi.data_ptr<float>();
     const float* px = x2.data_ptr<float>();
     at::parallel_for(0, f.n_rows, feature_grain(f), [&](int64_t begin, int64_t end) {
-      features_kernel_isa<0, 0>(f, px, pp, begin, end);
+      features_rows_isa<0, 0>(f, px, pp, begin, end);
     });
     phi.exp_();
     ctx->save_for_backward({x, proj, out});
@@ -498,7 +488,7 @@ struct FavorFeatureMap : public torch::autograd::Function<FavorFeatureMap> {
     float* prs = rs.data_ptr<float>();
     const float* pphi = phi.data_ptr<float>();
     at::parallel_for(0, f.n_rows, feature_grain(f), [&](int64_t begin, int64_t end) {
-      feature_grads_kernel_isa<0, 0>(f, pphi, pt, prs, begin, end);
+      feature_grads_rows_isa<0, 0>(f, pphi, pt, prs, begin, end);
     });
     const Tensor du = t.narrow(1, 0, f.n);
     Tensor dx, dproj;
@@ -507,7 +497,7 @@ struct FavorFeatureMap : public torch::autograd::Function<FavorFeatureMap> {
       float* pd = dx.data_ptr<float>();
       const float* px = x2.data_ptr<float>();
       at::parallel_for(0, f.n_rows, feature_grain(f), [&](int64_t begin, int64_t end) {
-        feature_dx_kernel_isa<0, 0>(f, px, prs, pd, begin, end);
+        feature_dx_rows_isa<0, 0>(f, px, prs, pd, begin, end);
       });
       dx = dx.view(x.sizes());
     }

@@ -51,6 +51,16 @@ extern "C" {
     pub fn cadenza_kernel_error() -> *const c_char;
 }
 
+/// `t` itself where its last dimension has a unit stride (as the kernels take their
+/// rows), a contiguous copy otherwise.
+pub fn unit_last_stride(t: &Tensor) -> Tensor {
+    if t.stride().last() == Some(&1) {
+        t.shallow_clone()
+    } else {
+        t.contiguous()
+    }
+}
+
 /// The reason of this thread's last failed kernel call.
 pub fn kernel_error() -> String {
     // SAFETY: the C++ side returns a live NUL-terminated string of this thread.

@@ -34,6 +34,12 @@ pub(crate) fn as_kind(t: &Tensor, kind: Kind) -> Tensor {
     }
 }
 
+/// Whether `t` is an f32 tensor on the CPU: what the fused C++ kernels and the host
+/// generation step take.
+pub(crate) fn cpu_f32(t: &Tensor) -> bool {
+    t.device() == tch::Device::Cpu && t.kind() == Kind::Float
+}
+
 /// The elements of `t`, in f32, as a host vector (for the host generation steps).
 pub(crate) fn host_f32(t: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(&as_kind(t, Kind::Float).contiguous().view([-1]))

@@ -15,8 +15,8 @@ use std::f64::consts::PI;
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::model::config::{FreqInit, SPREAD_MAX_PERIOD, SPREAD_MIN_PERIOD};
-use crate::model::ffi::{self, owned_result};
-use crate::model::{host_f32, noise};
+use crate::model::ffi::{self, owned_result, unit_last_stride};
+use crate::model::{cpu_f32, host_f32, noise};
 
 /// Periodic SPE: learned sines per (head, feature).
 #[derive(Debug)]
@@ -460,10 +460,8 @@ pub fn spe_filter(x: &Tensor, code: &Tensor, gate: Option<(&Tensor, &Tensor)>) -
 /// f32 it is one fused autograd function ([`fused_filter`]); elsewhere the
 /// libtorch form ([`spe_filter_libtorch`]).
 pub fn spe_filter_with(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
-    let fused = x.device() == Device::Cpu
-        && x.kind() == Kind::Float
-        && code.kind() == Kind::Float
-        && gate.is_none_or(|g| g.a.kind() == Kind::Float && g.xi_b.kind() == Kind::Float);
+    let fused =
+        cpu_f32(x) && cpu_f32(code) && gate.is_none_or(|g| cpu_f32(&g.a) && cpu_f32(&g.xi_b));
     if fused {
         fused_filter(x, code, gate)
     } else {
@@ -498,7 +496,7 @@ pub fn spe_filter_libtorch(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>
 /// On inputs of another device, kind or shape than the filter's (a caller's
 /// bug; [`spe_filter_with`] routes only CPU f32 here).
 pub fn fused_filter(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
-    let x = unit_stride_over_d(x);
+    let x = unit_last_stride(x);
     let code = code.contiguous();
     let gate = gate.map(FfiGate::new);
     let (a, xi) = FfiGate::ptrs(gate.as_ref());
@@ -509,16 +507,6 @@ pub fn fused_filter(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Te
             ffi::cadenza_spe_filter(x.as_ptr(), code.as_ptr(), a, xi),
             "fused SPE filter",
         )
-    }
-}
-
-/// x itself where its last dimension has a unit stride (as the filters need), a
-/// contiguous copy otherwise.
-fn unit_stride_over_d(x: &Tensor) -> Tensor {
-    if x.stride().last() == Some(&1) {
-        x.shallow_clone()
-    } else {
-        x.contiguous()
     }
 }
 
@@ -563,7 +551,7 @@ pub fn sine_filter(
     query: bool,
     start: i64,
 ) -> Tensor {
-    let x = unit_stride_over_d(x);
+    let x = unit_last_stride(x);
     let omega = omega.detach().contiguous();
     let zg = f.zg.contiguous();
     let cycles = f.cycles.contiguous();

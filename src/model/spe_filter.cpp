@@ -338,6 +338,30 @@ CADENZA_INLINE void sine_forward_block(const SineArgs& q, int64_t h, int64_t m0,
                   RR * sizeof(float));
 }
 
+// The sums over the block's P positions of each cosine or sine (k < K2) times
+// the code gradient, added to the K2 rows r (RR floats each): zg's gradient,
+// or with BY_POSITION each term also times its position (first, first + 1, ...),
+// from which the frequencies' gradient follows.
+template <int RR, int P, bool BY_POSITION>
+CADENZA_INLINE void add_phase_moments(float* r, const float* od, int64_t step, int64_t K2,
+                                      const vf (&dc)[P][RR / kLanes], int64_t first) {
+  constexpr int NV = RR / kLanes;
+  for (int64_t k = 0; k < K2; ++k, r += RR) {
+    vf t[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) t[j] = load(r + kLanes * j);
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
+      float o = od[p * step + k];
+      if (BY_POSITION) o *= static_cast<float>(first + p);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) t[j] += o * dc[p][j];
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) store(r + kLanes * j, t[j]);
+  }
+}
+
 template <int RR, bool G, int P>
 CADENZA_INLINE void sine_backward_block(const SineArgs& q, int64_t h, int64_t m0) {
   constexpr int NV = RR / kLanes;
@@ -397,38 +421,9 @@ CADENZA_INLINE void sine_backward_block(const SineArgs& q, int64_t h, int64_t m0
       for (int j = 0; j < NV; ++j) store(r + kLanes * j, load(r + kLanes * j) + dn[j]);
     }
     const float* od = q.omega + ((m0 * s.h + h) * D + d) * K2;
-    if (q.dzg) {
-      for (int64_t k = 0; k < K2; ++k) {
-        float* r = q.dzg + ((h * D + d) * K2 + k) * RR;
-        vf t[NV];
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) t[j] = load(r + kLanes * j);
-#pragma GCC unroll 16
-        for (int p = 0; p < P; ++p) {
-          const float o = od[p * step + k];
-#pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) t[j] += o * dc[p][j];
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) store(r + kLanes * j, t[j]);
-      }
-    }
-    if (q.w) {
-      for (int64_t k = 0; k < K2; ++k) {
-        float* r = q.w + ((h * D + d) * K2 + k) * RR;
-        vf t[NV];
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) t[j] = load(r + kLanes * j);
-#pragma GCC unroll 16
-        for (int p = 0; p < P; ++p) {
-          const float o = od[p * step + k] * static_cast<float>(q.start + m0 + p);
-#pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) t[j] += o * dc[p][j];
-        }
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) store(r + kLanes * j, t[j]);
-      }
-    }
+    const int64_t rows = (h * D + d) * K2 * RR;
+    if (q.dzg) add_phase_moments<RR, P, false>(q.dzg + rows, od, step, K2, dc, 0);
+    if (q.w) add_phase_moments<RR, P, true>(q.w + rows, od, step, K2, dc, q.start + m0);
   }
 }
 

@@ -45,13 +45,14 @@ use crate::model::config::{
 use crate::model::favor::{
     causal_linear_attention, host_recurrent_step, recurrent_step, FavorFeatures, HostFeatures,
 };
+use crate::model::ffi::unit_last_stride;
 use crate::model::host::{self, HostLinear, HostNorm};
 use crate::model::noise;
 use crate::model::spe::{
     draw_xi, frozen_xi, host_filter, sine_filter, sine_filter_applies, spe_filter_with, ConvSpe,
     GateFactors, HostSine, SineFactors, SineSpe, SpeCode,
 };
-use crate::model::{as_kind, host_f32};
+use crate::model::{as_kind, cpu_f32, host_f32};
 
 /// Seed of the noise/features a freshly built model is frozen with.
 pub const DEFAULT_SEED: u64 = 0;
@@ -1704,9 +1705,7 @@ fn host_favor_step(
         }
     }
     assert!(
-        [&*s, &*z]
-            .iter()
-            .all(|t| t.device() == Device::Cpu && t.kind() == Kind::Float)
+        [&*s, &*z].iter().all(|t| cpu_f32(t))
             && s.numel() == batch * hf * m * dim
             && z.numel() == batch * hf * m,
         "FAVOR+ state of another shape, kind or device"
@@ -1766,7 +1765,7 @@ fn host_favor_step(
 pub(crate) fn host_step_ok(ring: &KvRing) -> bool {
     [&ring.k, &ring.v]
         .iter()
-        .all(|t| t.device() == Device::Cpu && t.kind() == Kind::Float && t.is_contiguous())
+        .all(|t| cpu_f32(t) && t.is_contiguous())
         && ring.k.size() == ring.v.size()
 }
 
@@ -1813,16 +1812,11 @@ fn rope_frequencies(dim: i64) -> Vec<f64> {
 /// On the CPU in f32 both ways are one pass over the rows (`src/model/rope.cpp`),
 /// elsewhere [`apply_rope_libtorch`].
 pub(crate) fn apply_rope(x: &Tensor, tables: &(Tensor, Tensor)) -> Tensor {
-    let cpu_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
     let (cos, sin) = tables;
     if !(cpu_f32(x) && cpu_f32(cos) && cpu_f32(sin)) {
         return apply_rope_libtorch(x, tables);
     }
-    let x = if x.stride()[3] == 1 {
-        x.shallow_clone()
-    } else {
-        x.contiguous()
-    };
+    let x = unit_last_stride(x);
     // SAFETY: live tensor handles; the result is a new tensor or null.
     unsafe {
         crate::model::ffi::owned_result(
