@@ -10,18 +10,10 @@
 //! CADENZA_BENCH_STEP_TOKENS [32], CADENZA_BENCH_POSITIONAL [spe-sine],
 //! CADENZA_BENCH_SOFTMAX [1] (0 skips the softmax rows), CADENZA_BENCH_THREADS [torch default].
 //! Timings are best-of (training) and median (steps) to resist other load on small machines.
-//!
-//! The model module is included by path so that this file builds inside any crate that has
-//! the module's dependencies (tch, serde, anyhow, rand, rand_chacha, rand_distr).
-
-#![allow(unused_imports, dead_code)]
-
-#[path = "../src/model/mod.rs"]
-mod model;
 
 use std::time::Instant;
 
-use model::{AttentionKind, ModelConfig, Transformer};
+use cadenza::model::{AttentionKind, ModelConfig, Transformer};
 use tch::{nn, Device, Kind, Tensor};
 
 const VOCAB: i64 = 333;

@@ -20,6 +20,6 @@ pub mod sample;
 pub mod serve;
 pub mod train;
 
-// The stages that need no libtorch are compiled in `cadenza-core` (core/),
-// from their folders here, and appear under the same names.
+// The stages that need no libtorch live in `cadenza-core` (core/) and appear
+// here under the same names.
 pub use cadenza_core::{limits, midi, render, tokenizer, util};

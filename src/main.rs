@@ -13,11 +13,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Command as Process;
 
-use cadenza_core::{limits, midi, tokenizer, util};
+use cadenza_core::commands as tokens;
 use clap::{Parser, Subcommand};
-
-#[path = "cli/tokens.rs"]
-mod tokens;
 
 #[derive(Parser, Debug)]
 #[command(name = "cadenza", version)]
@@ -117,7 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 fn main() {
-    util::quiet_on_broken_pipe();
+    cadenza_core::util::quiet_on_broken_pipe();
     let args: Vec<OsString> = std::env::args_os().collect();
     let result = if runs_here(&args) {
         run(Cli::parse_from(&args))

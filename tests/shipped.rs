@@ -4,10 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use cadenza::midi;
 use cadenza::sample::{self, SampleConfig};
 use cadenza::tokenizer::{self, dataset, validate};
 use cadenza::train::{self, checkpoint, data};
+use cadenza::{eval, midi};
 
 const MODEL: &str = "models/cadenza-small";
 
@@ -53,7 +53,7 @@ fn shipped_model_generates_plausible_music() {
         (36..=84).contains(&lo) && (48..=100).contains(&hi) && hi - lo >= 7,
         "range {lo}..{hi}"
     );
-    let stats = sample::stats::piece_stats(&decoded);
+    let stats = eval::stats::piece_stats(&decoded);
     assert!(
         (2.0..=40.0).contains(&stats.notes_per_bar),
         "{} notes per bar",

@@ -420,7 +420,7 @@ fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
 }
 
 pub fn stats(a: StatsArgs) -> Result<i32> {
-    use crate::sample::stats;
+    use crate::eval::stats;
     if let Some(m) = &a.markdown {
         let inputs: Vec<(&str, &Path)> = a
             .generated

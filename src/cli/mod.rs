@@ -2,8 +2,8 @@
 
 mod generate;
 mod learn;
-mod tokens;
 
+use cadenza_core::commands as tokens;
 pub use tokens::{LimitOpt, VocabOpt};
 
 use anyhow::Result;

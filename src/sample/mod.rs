@@ -5,7 +5,6 @@
 
 pub mod guard;
 pub mod pieces;
-pub mod stats;
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};

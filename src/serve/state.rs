@@ -9,11 +9,28 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::worker::{ModelInfo, Work};
 use super::{ServeOptions, MAX_SAMPLES, MAX_TOKENS};
-use crate::sample::stats::PieceStats;
+use crate::eval::stats::PieceStats;
 use crate::sample::Stop;
 use crate::tokenizer::{dataset, Vocab, BAR_ID};
+
+/// A job sent to the worker.
+pub(crate) struct Work {
+    pub job: u64,
+    /// The prompt's tokens without BOS (empty: start from nothing).
+    pub body: Arc<Vec<u32>>,
+    pub prompt_name: Option<String>,
+    pub req: JobRequest,
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// What the handlers know of the model.
+pub(crate) struct ModelInfo {
+    pub vocab: Vocab,
+    pub name: String,
+    pub preset: String,
+    pub parameters: i64,
+}
 
 /// Prompts kept (the oldest are forgotten first).
 const MAX_PROMPTS: usize = 64;

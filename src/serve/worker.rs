@@ -4,38 +4,21 @@
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender};
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
 use super::state::{
-    file_url, JobRequest, JobState, PieceFilesView, PieceView, Shared, PIECE_EXTENSIONS,
+    file_url, JobState, ModelInfo, PieceFilesView, PieceView, Shared, Work, PIECE_EXTENSIONS,
 };
 use super::ServeOptions;
-use crate::sample::{self, pieces, stats, Cancelled};
-use crate::tokenizer::{self, Vocab};
+use crate::eval::stats;
+use crate::sample::{self, pieces, Cancelled};
+use crate::tokenizer;
 use crate::train::checkpoint::{self, LoadedModel};
-
-/// A job sent to the worker.
-pub(crate) struct Work {
-    pub job: u64,
-    /// The prompt's tokens without BOS (empty: start from nothing).
-    pub body: Arc<Vec<u32>>,
-    pub prompt_name: Option<String>,
-    pub req: JobRequest,
-    pub cancel: Arc<AtomicBool>,
-}
-
-/// What the handlers know of the model.
-pub(crate) struct ModelInfo {
-    pub vocab: Vocab,
-    pub name: String,
-    pub preset: String,
-    pub parameters: i64,
-}
 
 /// Starts the worker: it loads the model and, once that worked, waits for
 /// `Shared` (through the returned sender) and then for jobs.
