@@ -532,7 +532,7 @@ fn paint(
 mod tests {
     use super::*;
     use crate::midi::{Note, TimeSignature};
-    use std::collections::HashSet;
+    use crate::render::picture::tests::{colours, decode};
 
     fn note(start: u64, duration: u64, pitch: u8, velocity: u8, program: u8, drum: bool) -> Note {
         Note {
@@ -546,18 +546,9 @@ mod tests {
         }
     }
 
-    fn decode(p: &Path) -> (u32, u32, Vec<u8>) {
-        let dec = png::Decoder::new(std::fs::File::open(p).unwrap());
-        let mut r = dec.read_info().unwrap();
-        let mut buf = vec![0; r.output_buffer_size()];
-        let info = r.next_frame(&mut buf).unwrap();
-        assert_eq!(info.color_type, png::ColorType::Rgb);
-        buf.truncate(info.buffer_size());
-        (info.width, info.height, buf)
-    }
-
-    fn colours(buf: &[u8]) -> HashSet<[u8; 3]> {
-        buf.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect()
+    fn pixel(buf: &[u8], w: u32, x: i32, y: i32) -> Rgb {
+        let i = ((y as u32 * w + x as u32) * 3) as usize;
+        [buf[i], buf[i + 1], buf[i + 2]]
     }
 
     #[test]
@@ -590,10 +581,12 @@ mod tests {
         };
         piano_roll_png(&s, &out, &opts).unwrap();
         let (w, h, buf) = decode(&out);
-        assert_eq!(w as usize, LEFT + 400 + RIGHT);
-        // Pitches 36..=74 with margin 2: 39 rows of 5 px, plus furniture.
-        let rows = 74 - 36 + 1;
-        assert!(h as usize > rows * 5 + BOTTOM && (h as usize) < rows * 5 + BOTTOM + 60);
+        assert_eq!(w, LEFT + 400 + RIGHT);
+        // Pitches 36..=74 with margin 2: 39 rows of 5 px, one row block,
+        // plus title and legend.
+        let roll = (74 - 36 + 1) * 5;
+        let one_block = HEADER + roll + FOOTER;
+        assert!(h > one_block && h < one_block + 80, "height {h}");
         let cols = colours(&buf);
         assert!(cols.len() >= 8, "only {} colours", cols.len());
         assert!(
@@ -602,11 +595,102 @@ mod tests {
         );
         assert!(cols.contains(&BAR_LINE) && cols.contains(&C_LINE));
 
-        // A long piece is squeezed to the width cap.
+        // A note is drawn where it belongs: the first drum hit (tick 240,
+        // 0.25 s to 0.375 s) on pitch 38 ...
+        let lay = layout(&s, &TempoMap::new(&s), &opts);
+        assert_eq!(lay.rows.len(), 1);
+        let y = lay.y_of(0, 38) + 2;
+        assert_eq!(pixel(&buf, w, lay.x_of(0.0, 0.32), y), DRUM);
+        // ... and not between the hits (0.45 s).
+        assert_ne!(pixel(&buf, w, lay.x_of(0.0, 0.45), y), DRUM);
+
+        // A long piece is wrapped into rows of 8 bars of 3/4 (12 s, 1200 px).
         let mut long = s.clone();
         long.notes.push(note(0, 480 * 2 * 600, 60, 80, 0, false)); // 10 minutes
         piano_roll_png(&long, &out, &PianoRollOptions::default()).unwrap();
-        assert_eq!(decode(&out).0, 4000);
+        let (w, h, _) = decode(&out);
+        assert_eq!(w, LEFT + 1200 + RIGHT);
+        assert!(h > 20 * one_block, "height {h}");
+    }
+
+    #[test]
+    fn long_pieces_wrap_into_rows_of_bars() {
+        // 40 bars of 4/4 at 120 BPM (2 s a bar): 80 s, 8000 px at 100 px/s.
+        let mut s = Score::new(480);
+        for bar in 0..40u64 {
+            for beat in 0..4u64 {
+                let pitch = 60 + ((bar + beat) % 12) as u8;
+                s.notes
+                    .push(note((bar * 4 + beat) * 480, 240, pitch, 100, 0, false));
+            }
+        }
+        // A note across the row boundary between bars 8 and 9.
+        s.notes.push(note(7 * 1920 + 960, 1920, 50, 100, 40, false));
+        s.sort();
+        let tempo = TempoMap::new(&s);
+        let opts = PianoRollOptions::default();
+        let lay = layout(&s, &tempo, &opts);
+        assert_eq!(lay.rows.len(), 5, "40 bars in rows of 8");
+        for (k, row) in lay.rows.iter().enumerate() {
+            assert!((row.start - 16.0 * k as f64).abs() < 1e-9);
+            // The last row ends with the last note (79.75 s).
+            let len = if k == 4 { 15.75 } else { 16.0 };
+            assert!((row.end - row.start - len).abs() < 1e-9, "{row:?}");
+            let numbers: Vec<usize> = row.bars.iter().map(|b| b.0).collect();
+            assert_eq!(numbers, (8 * k + 1..=8 * k + 8).collect::<Vec<_>>());
+        }
+        // 16 s a row at 100 px/s fits 2000 px: the scale is kept.
+        assert_eq!(lay.x_scale, 100.0);
+        assert_eq!(lay.plot_w, 1600);
+        assert_eq!(lay.width, LEFT + 1600 + RIGHT);
+        assert_eq!(lay.height, lay.rows_top + 5 * lay.block() - GAP + BOTTOM);
+
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("long.png");
+        piano_roll_png(&s, &out, &opts).unwrap();
+        let (w, h, buf) = decode(&out);
+        assert_eq!((w, h), (lay.width, lay.height));
+        // The crossing note (program 40, the second colour) ends row 1 and
+        // starts row 2.
+        let col = colour_for(Some(40), &lay.programs);
+        let col = shade(col, 0.35 + 0.65 * 100.0 / 127.0);
+        let y0 = lay.y_of(0, 50) + 2;
+        let y1 = lay.y_of(1, 50) + 2;
+        assert_eq!(pixel(&buf, w, lay.x_of(0.0, 15.5), y0), col);
+        assert_eq!(pixel(&buf, w, lay.x_of(16.0, 16.5), y1), col);
+        assert_ne!(pixel(&buf, w, lay.x_of(16.0, 17.5), y1), col);
+        // Bar lines start every row at its left edge... and the header
+        // strips carry text (bar numbers): some pixel there is not BG.
+        for r in 0..lay.rows.len() {
+            let top = lay.roll_top(r);
+            let header_ink = (top - HEADER as i32..top)
+                .any(|y| (LEFT as i32..LEFT as i32 + 20).any(|x| pixel(&buf, w, x, y) != BG));
+            assert!(header_ink, "row {r} has no bar number");
+            assert_eq!(pixel(&buf, w, LEFT as i32, top + 1), BAR_LINE);
+        }
+
+        // Fewer bars per row give more rows; a cap on height lengthens rows.
+        let eight = layout(
+            &s,
+            &tempo,
+            &PianoRollOptions {
+                bars_per_row: 4,
+                ..opts.clone()
+            },
+        );
+        assert_eq!(eight.rows.len(), 10);
+        let tall = layout(
+            &s,
+            &tempo,
+            &PianoRollOptions {
+                bars_per_row: 1,
+                row_height: MAX_ROW_H,
+                ..opts.clone()
+            },
+        );
+        assert!(tall.height <= MAX_HEIGHT + tall.block(), "{}", tall.height);
+        assert!(tall.rows.len() < 40);
+        assert!(tall.width <= 2000);
     }
 
     #[test]
@@ -616,7 +700,7 @@ mod tests {
         let o = PianoRollOptions::default();
         piano_roll_png(&Score::new(480), &out, &o).unwrap();
         let (w, _, _) = decode(&out);
-        assert_eq!(w as usize, LEFT + 100 + RIGHT);
+        assert_eq!(w, LEFT + 100 + RIGHT);
 
         let mut s = Score::new(0);
         s.notes.push(note(0, u64::MAX, 0, 0, 127, false));
@@ -624,8 +708,11 @@ mod tests {
         s.notes.push(note(5, 0, 64, 100, 0, true));
         piano_roll_png(&s, &out, &o).unwrap();
         let (w, h, _) = decode(&out);
-        assert_eq!(w, 4000);
-        assert!(h as usize >= 128 * 5);
+        assert!(w <= 2000, "width {w}");
+        assert!(
+            h >= 128 * 5 && h <= MAX_HEIGHT + 128 * 5 + 200,
+            "height {h}"
+        );
 
         let weird = PianoRollOptions {
             pixels_per_second: f64::NAN,
@@ -634,11 +721,14 @@ mod tests {
             pitch_margin: 255,
             legend: true,
             title: Some(String::new()),
+            bars_per_row: 0,
         };
         let mut s = Score::new(480);
         s.notes.push(note(0, 480, 60, 100, 0, false));
+        s.notes.push(note(0, 480 * 400, 61, 100, 0, false));
         piano_roll_png(&s, &out, &weird).unwrap();
-        decode(&out);
+        let (w, _, _) = decode(&out);
+        assert_eq!(w, LEFT + MIN_PLOT_W + RIGHT);
 
         let err = piano_roll_png(&s, Path::new("/nonexistent/dir/r.png"), &o).unwrap_err();
         assert!(format!("{err:#}").contains("r.png"));

@@ -57,8 +57,10 @@ pub(crate) type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
 /// What a drawing closure returns: plotters' own error, turned into text
 /// by [`draw_png`].
-pub(crate) type DrawResult =
-    std::result::Result<(), DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>>;
+pub(crate) type DrawResult = std::result::Result<
+    (),
+    DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>,
+>;
 
 /// Draws a `width` x `height` picture (each side at least 1) with `paint`
 /// and writes it to `out` as an 8-bit RGB PNG. `what` names the picture in

@@ -189,7 +189,12 @@ fn clip_segment(
 ) -> Option<((f64, f64), (f64, f64))> {
     let (dx, dy) = (b.0 - a.0, b.1 - a.1);
     let (mut t0, mut t1) = (0.0f64, 1.0f64);
-    for (p, q) in [(-dx, a.0 - x0), (dx, x1 - a.0), (-dy, a.1 - y0), (dy, y1 - a.1)] {
+    for (p, q) in [
+        (-dx, a.0 - x0),
+        (dx, x1 - a.0),
+        (-dy, a.1 - y0),
+        (dy, y1 - a.1),
+    ] {
         if p == 0.0 {
             if q < 0.0 {
                 return None;
@@ -313,14 +318,8 @@ pub fn line_plot_png(
         root.fill(&colour(BG))?;
         let axes = root.margin(TOP, BOTTOM, LEFT, RIGHT);
         let mut chart = ChartBuilder::on(&axes).build_cartesian_2d(
-            TickedAxis {
-                lo: x_lo,
-                hi: x_hi,
-            },
-            TickedAxis {
-                lo: y_lo,
-                hi: y_hi,
-            },
+            TickedAxis { lo: x_lo, hi: x_hi },
+            TickedAxis { lo: y_lo, hi: y_hi },
         )?;
         let line = |a: (i32, i32), b: (i32, i32), c: Rgb| {
             root.draw(&PathElement::new(vec![a, b], colour(c)))
@@ -388,7 +387,10 @@ pub fn line_plot_png(
             let (bw, bh) = (name_w + 40, series.len() as i32 * 18 + 10);
             let bx = (px1 - 10 - bw).max(px0 + 2);
             let by = py0 + 10;
-            root.draw(&Rectangle::new([(bx, by), (bx + bw, by + bh)], colour(BG).filled()))?;
+            root.draw(&Rectangle::new(
+                [(bx, by), (bx + bw, by + bh)],
+                colour(BG).filled(),
+            ))?;
             root.draw(&Rectangle::new(
                 [(bx, by), (bx + bw, by + bh)],
                 RGBColor(180, 180, 180),
@@ -396,7 +398,10 @@ pub fn line_plot_png(
             for (i, s) in series.iter().enumerate() {
                 let y = by + 18 + i as i32 * 18;
                 let col = colour(series_colour(i));
-                root.draw(&Rectangle::new([(bx + 8, y - 6), (bx + 28, y - 2)], col.filled()))?;
+                root.draw(&Rectangle::new(
+                    [(bx + 8, y - 6), (bx + 28, y - 2)],
+                    col.filled(),
+                ))?;
                 label(&s.name, LABEL_SIZE, HPos::Left).draw(root, bx + 34, y)?;
             }
         }
@@ -407,20 +412,7 @@ pub fn line_plot_png(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashSet;
-
-    fn decode(p: &Path) -> (u32, u32, Vec<u8>) {
-        let dec = png::Decoder::new(std::fs::File::open(p).unwrap());
-        let mut r = dec.read_info().unwrap();
-        let mut buf = vec![0; r.output_buffer_size()];
-        let info = r.next_frame(&mut buf).unwrap();
-        buf.truncate(info.buffer_size());
-        (info.width, info.height, buf)
-    }
-
-    fn colours(buf: &[u8]) -> HashSet<[u8; 3]> {
-        buf.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect()
-    }
+    use crate::render::picture::tests::{colours, decode};
 
     #[test]
     fn loss_plot_has_size_and_series_colours() {
@@ -448,6 +440,70 @@ mod tests {
         // The first series' colour appears well beyond the legend swatch.
         let n0 = buf.chunks_exact(3).filter(|c| c == &PALETTE[0]).count();
         assert!(n0 > 500, "{n0}");
+        // The train curve starts high on the left: its colour is in the
+        // top-left quarter of the axes, and the legend swatch top right.
+        let at = |x: u32, y: u32| -> Rgb {
+            let i = ((y * w + x) * 3) as usize;
+            [buf[i], buf[i + 1], buf[i + 2]]
+        };
+        let region_has = |x0: u32, x1: u32, y0: u32, y1: u32, c: Rgb| {
+            (y0..y1).any(|y| (x0..x1).any(|x| at(x, y) == c))
+        };
+        assert!(region_has(LEFT, LEFT + 40, TOP, TOP + 120, PALETTE[0]));
+        assert!(region_has(
+            PLOT_WIDTH / 2,
+            PLOT_WIDTH - RIGHT,
+            TOP,
+            TOP + 60,
+            PALETTE[1]
+        ));
+        // Anti-aliased text leaves grey levels between TEXT and BG.
+        let greys = cols
+            .iter()
+            .filter(|c| c[0] == c[1] && c[1] == c[2] && c[0] > 40 && c[0] < 200)
+            .count();
+        assert!(greys > 10, "{greys} greys");
+        // Nothing is drawn past the legend box's right edge into the margin
+        // except the axes frame.
+        assert!(!region_has(
+            PLOT_WIDTH - RIGHT + 2,
+            PLOT_WIDTH,
+            0,
+            PLOT_HEIGHT,
+            PALETTE[0]
+        ));
+    }
+
+    #[test]
+    fn segments_are_clipped_and_broken_at_gaps() {
+        let b = (0.0, 10.0, 0.0, 10.0);
+        assert_eq!(
+            clip_segment((-10.0, 5.0), (20.0, 5.0), b),
+            Some(((0.0, 5.0), (10.0, 5.0)))
+        );
+        assert_eq!(clip_segment((-10.0, -1.0), (20.0, -1.0), b), None);
+        let s = Series {
+            name: "s".into(),
+            points: vec![
+                (0.0, 1.0),
+                (1.0, 2.0),
+                (2.0, 3.0),
+                (3.0, f64::NAN),
+                (4.0, 4.0),
+                (5.0, f64::NAN),
+                (6.0, 5.0),
+                (7.0, 6.0),
+            ],
+        };
+        let (lines, dots) = pieces(&s, b);
+        assert_eq!(
+            lines,
+            vec![
+                vec![(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)],
+                vec![(6.0, 5.0), (7.0, 6.0)]
+            ]
+        );
+        assert_eq!(dots, vec![(4.0, 4.0)]);
     }
 
     #[test]
