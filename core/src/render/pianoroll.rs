@@ -514,7 +514,7 @@ fn paint(
         let first = (row.start / step).ceil();
         for k in 0..=10_000u32 {
             let t = (first + k as f64) * step;
-            if !(t <= row.end + 1e-9) {
+            if t.is_nan() || t > row.end + 1e-9 {
                 break;
             }
             let x = lay.x_of(row.start, t);
@@ -710,7 +710,7 @@ mod tests {
         let (w, h, _) = decode(&out);
         assert!(w <= 2000, "width {w}");
         assert!(
-            h >= 128 * 5 && h <= MAX_HEIGHT + 128 * 5 + 200,
+            (128 * 5..=MAX_HEIGHT + 128 * 5 + 200).contains(&h),
             "height {h}"
         );
 

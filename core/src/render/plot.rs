@@ -208,24 +208,25 @@ fn clip_segment(
             }
         }
     }
-    (t0 <= t1 && t0.is_finite() && t1.is_finite()).then(|| {
-        (
-            (a.0 + t0 * dx, a.1 + t0 * dy),
-            (a.0 + t1 * dx, a.1 + t1 * dy),
-        )
-    })
+    (t0 <= t1 && t0.is_finite() && t1.is_finite()).then_some((
+        (a.0 + t0 * dx, a.1 + t0 * dy),
+        (a.0 + t1 * dx, a.1 + t1 * dy),
+    ))
 }
+
+/// Points joined by straight segments.
+type Polyline = Vec<(f64, f64)>;
 
 /// A series' drawable parts inside `bounds`: polylines of clipped segments
 /// between usable neighbours, and the usable points with no usable
 /// neighbour (drawn as dots).
-fn pieces(s: &Series, bounds: (f64, f64, f64, f64)) -> (Vec<Vec<(f64, f64)>>, Vec<(f64, f64)>) {
+fn pieces(s: &Series, bounds: (f64, f64, f64, f64)) -> (Vec<Polyline>, Vec<(f64, f64)>) {
     let pts: Vec<Option<(f64, f64)>> = s
         .points
         .iter()
         .map(|&(x, y)| Some((usable(x)?, usable(y)?)))
         .collect();
-    let mut lines: Vec<Vec<(f64, f64)>> = Vec::new();
+    let mut lines: Vec<Polyline> = Vec::new();
     let mut dots = Vec::new();
     let mut open = false; // the last polyline ends where the next segment starts
     for (j, p) in pts.iter().enumerate() {
