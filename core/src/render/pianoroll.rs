@@ -42,8 +42,9 @@ pub struct PianoRollOptions {
     pub legend: bool,
     /// Optional title line above the legend.
     pub title: Option<String>,
-    /// Bars in one row of a wrapped roll (0 counts as 1); more when the
-    /// picture would otherwise pass [`MAX_HEIGHT`].
+    /// Bars in one row of a wrapped roll (0 counts as 1); halved while a
+    /// row would have to be squeezed below half of `pixels_per_second`, and
+    /// raised when the picture would otherwise pass [`MAX_HEIGHT`].
     pub bars_per_row: u32,
 }
 
@@ -343,14 +344,25 @@ fn layout(score: &Score, tempo: &TempoMap, opts: &PianoRollOptions) -> Layout {
             .take_while(|&s| s < duration)
             .collect();
         let max_rows = (MAX_HEIGHT.saturating_sub(rows_top) / block).clamp(1, MAX_ROWS as u32);
-        let rows = split_rows(
-            &bar_secs,
-            duration,
-            opts.bars_per_row as usize,
-            max_plot_w as f64 / pps,
-            max_rows as usize,
-        );
-        let longest = rows.iter().map(|r| r.end - r.start).fold(0.0, f64::max);
+        let longest_of = |rows: &[Row]| rows.iter().map(|r| r.end - r.start).fold(0.0, f64::max);
+        // Halve the bars per row while a row would be squeezed below half
+        // of `pixels_per_second` (slow tempi, long bars).
+        let mut per_row = opts.bars_per_row.max(1) as usize;
+        let rows = loop {
+            let rows = split_rows(
+                &bar_secs,
+                duration,
+                per_row,
+                max_plot_w as f64 / pps,
+                max_rows as usize,
+            );
+            let fits = longest_of(&rows) * pps <= 2.0 * max_plot_w as f64;
+            if fits || per_row == 1 || rows.len() >= max_rows as usize {
+                break rows;
+            }
+            per_row /= 2;
+        };
+        let longest = longest_of(&rows);
         let scale = if longest > 0.0 {
             pps.min(max_plot_w as f64 / longest)
         } else {
@@ -460,7 +472,9 @@ fn paint(
 
         // Bar lines (thinned out when closer than 4 px) and bar numbers
         // (when their labels do not overlap).
-        text("bar", SMALL_SIZE, DIM_TEXT, HPos::Right).draw(area, x0 - 5, top - 4)?;
+        if !row.bars.is_empty() {
+            text("bar", SMALL_SIZE, DIM_TEXT, HPos::Right).draw(area, x0 - 5, top - 4)?;
+        }
         let mut last_line = i32::MIN / 2;
         let mut label_end = i32::MIN / 2;
         for &(number, secs) in &row.bars {
@@ -691,6 +705,23 @@ mod tests {
         assert!(tall.height <= MAX_HEIGHT + tall.block(), "{}", tall.height);
         assert!(tall.rows.len() < 40);
         assert!(tall.width <= 2000);
+
+        // At 30 BPM a bar lasts 8 s: 8 bars (6400 px) would be squeezed to
+        // under a third of the scale, so rows hold 4 bars (32 s, 61 px/s).
+        let mut slow = s.clone();
+        slow.tempos.push(crate::midi::TempoChange {
+            tick: 0,
+            us_per_quarter: 2_000_000,
+        });
+        let lay = layout(&slow, &TempoMap::new(&slow), &opts);
+        assert_eq!(lay.rows.len(), 10);
+        assert_eq!(lay.rows[1].bars[0].0, 5);
+        assert!(
+            (lay.x_scale - 1950.0 / 32.0).abs() < 1e-9,
+            "{}",
+            lay.x_scale
+        );
+        assert_eq!(lay.width, 2000);
     }
 
     #[test]
