@@ -1,111 +1,142 @@
-//! A tiny 5x7 bitmap font: digits, capitals and ASCII punctuation. Lower-case
-//! letters are drawn as capitals; anything else as a hollow box.
+//! The one typeface of every picture: DejaVu Sans 2.37
+//! (`core/assets/DejaVuSans.ttf`, its licence in `DejaVuSans.LICENSE` beside
+//! it), compiled into the crate, so no system font is ever looked up and
+//! pictures look the same on every machine.
+//!
+//! Text is laid out and rasterised here with `ab_glyph` (advances, kerning,
+//! each glyph's own bounds, coverage as alpha) and blended into a plotters
+//! drawing area pixel by pixel. plotters 0.3.7's own `ab_glyph` text path
+//! drops every glyph's left side bearing, which spaces letters unevenly
+//! ("firs t"), so the pictures never ask plotters to draw text.
 
-/// Glyph width and height in pixels (one extra column of spacing follows).
-pub(crate) const GLYPH_W: usize = 5;
-pub(crate) const GLYPH_H: usize = 7;
+use std::sync::OnceLock;
 
-/// Seven rows, top first; bit 4 is the leftmost column.
-pub(crate) fn glyph(c: char) -> [u8; 7] {
-    match c.to_ascii_uppercase() {
-        ' ' => [0; 7],
-        '0' => [0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E],
-        '1' => [0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E],
-        '2' => [0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F],
-        '3' => [0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E],
-        '4' => [0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02],
-        '5' => [0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E],
-        '6' => [0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E],
-        '7' => [0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08],
-        '8' => [0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E],
-        '9' => [0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C],
-        'A' => [0x0E, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11],
-        'B' => [0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E],
-        'C' => [0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E],
-        'D' => [0x1C, 0x12, 0x11, 0x11, 0x11, 0x12, 0x1C],
-        'E' => [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F],
-        'F' => [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10],
-        'G' => [0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F],
-        'H' => [0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11],
-        'I' => [0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E],
-        'J' => [0x07, 0x02, 0x02, 0x02, 0x02, 0x12, 0x0C],
-        'K' => [0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11],
-        'L' => [0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F],
-        'M' => [0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11],
-        'N' => [0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11],
-        'O' => [0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E],
-        'P' => [0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10],
-        'Q' => [0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D],
-        'R' => [0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11],
-        'S' => [0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E],
-        'T' => [0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04],
-        'U' => [0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E],
-        'V' => [0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04],
-        'W' => [0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A],
-        'X' => [0x11, 0x11, 0x0A, 0x04, 0x0A, 0x11, 0x11],
-        'Y' => [0x11, 0x11, 0x11, 0x0A, 0x04, 0x04, 0x04],
-        'Z' => [0x1F, 0x01, 0x02, 0x04, 0x08, 0x10, 0x1F],
-        '!' => [0x04, 0x04, 0x04, 0x04, 0x04, 0x00, 0x04],
-        '"' => [0x0A, 0x0A, 0x0A, 0x00, 0x00, 0x00, 0x00],
-        '#' => [0x0A, 0x0A, 0x1F, 0x0A, 0x1F, 0x0A, 0x0A],
-        '$' => [0x04, 0x0F, 0x14, 0x0E, 0x05, 0x1E, 0x04],
-        '%' => [0x18, 0x19, 0x02, 0x04, 0x08, 0x13, 0x03],
-        '&' => [0x0C, 0x12, 0x14, 0x08, 0x15, 0x12, 0x0D],
-        '\'' => [0x04, 0x04, 0x08, 0x00, 0x00, 0x00, 0x00],
-        '(' => [0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02],
-        ')' => [0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08],
-        '*' => [0x00, 0x04, 0x15, 0x0E, 0x15, 0x04, 0x00],
-        '+' => [0x00, 0x04, 0x04, 0x1F, 0x04, 0x04, 0x00],
-        ',' => [0x00, 0x00, 0x00, 0x00, 0x0C, 0x04, 0x08],
-        '-' => [0x00, 0x00, 0x00, 0x1F, 0x00, 0x00, 0x00],
-        '.' => [0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C],
-        '/' => [0x00, 0x01, 0x02, 0x04, 0x08, 0x10, 0x00],
-        ':' => [0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00],
-        ';' => [0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x04, 0x08],
-        '<' => [0x02, 0x04, 0x08, 0x10, 0x08, 0x04, 0x02],
-        '=' => [0x00, 0x00, 0x1F, 0x00, 0x1F, 0x00, 0x00],
-        '>' => [0x08, 0x04, 0x02, 0x01, 0x02, 0x04, 0x08],
-        '?' => [0x0E, 0x11, 0x01, 0x02, 0x04, 0x00, 0x04],
-        '@' => [0x0E, 0x11, 0x01, 0x0D, 0x15, 0x15, 0x0E],
-        '[' => [0x0E, 0x08, 0x08, 0x08, 0x08, 0x08, 0x0E],
-        '\\' => [0x00, 0x10, 0x08, 0x04, 0x02, 0x01, 0x00],
-        ']' => [0x0E, 0x02, 0x02, 0x02, 0x02, 0x02, 0x0E],
-        '^' => [0x04, 0x0A, 0x11, 0x00, 0x00, 0x00, 0x00],
-        '_' => [0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x1F],
-        '`' => [0x08, 0x04, 0x02, 0x00, 0x00, 0x00, 0x00],
-        '{' => [0x02, 0x04, 0x04, 0x08, 0x04, 0x04, 0x02],
-        '|' => [0x04, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04],
-        '}' => [0x08, 0x04, 0x04, 0x02, 0x04, 0x04, 0x08],
-        '~' => [0x00, 0x00, 0x08, 0x15, 0x02, 0x00, 0x00],
-        _ => [0x1F, 0x11, 0x11, 0x11, 0x11, 0x11, 0x1F],
-    }
+use ab_glyph::{Font, FontRef, PxScale, ScaleFont};
+use anyhow::{anyhow, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::HPos;
+
+static FONT_BYTES: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
+
+/// The bundled font, parsed once per process.
+fn font() -> Result<&'static FontRef<'static>> {
+    static FONT: OnceLock<Option<FontRef<'static>>> = OnceLock::new();
+    FONT.get_or_init(|| FontRef::try_from_slice(FONT_BYTES).ok())
+        .as_ref()
+        .ok_or_else(|| {
+            anyhow!("the bundled font core/assets/DejaVuSans.ttf cannot be read as a TrueType font")
+        })
 }
 
-/// Width in pixels of `text` drawn at `scale` (no trailing spacing).
-pub(crate) fn text_width(text: &str, scale: usize) -> usize {
-    let n = text.chars().count();
-    if n == 0 {
-        0
-    } else {
-        (n * (GLYPH_W + 1) - 1) * scale
-    }
+/// Checks that the bundled font parses (it always does in a sound build).
+pub(crate) fn ensure_font() -> Result<()> {
+    font().map(|_| ())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn glyphs_fit_and_differ() {
-        let chars: Vec<char> = (' '..='~').filter(|c| !c.is_ascii_lowercase()).collect();
-        let mut seen = std::collections::HashSet::new();
-        for c in &chars {
-            let g = glyph(*c);
-            assert!(g.iter().all(|r| *r < 32), "{c}");
-            assert!(seen.insert(g), "duplicate glyph for {c:?}");
+/// Width in pixels of `text` at `size` pixels per em (0 when the font is
+/// unusable, which [`ensure_font`] reports before any drawing).
+pub(crate) fn text_width(text: &str, size: f64) -> i32 {
+    let Ok(f) = font() else { return 0 };
+    let sf = f.as_scaled(PxScale::from(size as f32));
+    let mut w = 0.0f32;
+    let mut prev = None;
+    for c in text.chars() {
+        let id = sf.glyph_id(c);
+        if let Some(p) = prev {
+            w += sf.kern(p, id);
         }
-        assert_eq!(glyph('a'), glyph('A'));
-        assert_eq!(text_width("AB", 1), 11);
-        assert_eq!(text_width("", 2), 0);
+        w += sf.h_advance(id);
+        prev = Some(id);
+    }
+    w.ceil() as i32
+}
+
+/// Which way a run of text reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// Left to right, upright.
+    Across,
+    /// Bottom to top (turned 90 degrees anticlockwise), for vertical axes.
+    Up,
+}
+
+/// One run of text placed by its baseline.
+pub(crate) struct Text<'a> {
+    pub(crate) text: &'a str,
+    /// Pixels per em.
+    pub(crate) size: f64,
+    pub(crate) colour: RGBColor,
+    /// Which end of the run the anchor is: left, centre or right (in
+    /// reading direction).
+    pub(crate) align: HPos,
+}
+
+impl Text<'_> {
+    /// Draws the run reading across, its baseline at `baseline` and its
+    /// `align` end at `x`. Pixels outside `area` are dropped.
+    pub(crate) fn draw<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        x: i32,
+        baseline: i32,
+    ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        self.draw_dir(area, x, baseline, Direction::Across)
+    }
+
+    /// Draws the run reading in direction `dir`; for [`Direction::Up`] the
+    /// baseline is the column `x` and the anchor is the row `y`.
+    pub(crate) fn draw_dir<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        x: i32,
+        y: i32,
+        dir: Direction,
+    ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        let Ok(f) = font() else { return Ok(()) };
+        if self.text.is_empty() || !(self.size.is_finite() && self.size > 0.0) {
+            return Ok(());
+        }
+        let sf = f.as_scaled(PxScale::from(self.size as f32));
+        let width = text_width(self.text, self.size) as f32;
+        let start = match self.align {
+            HPos::Left => 0.0,
+            HPos::Center => -width / 2.0,
+            HPos::Right => -width,
+        };
+        // Pen position along the run, relative to the anchor; the baseline
+        // is at 0 across it.
+        let mut caret = start.round();
+        let mut prev = None;
+        let (w, h) = area.dim_in_pixel();
+        for c in self.text.chars() {
+            let id = sf.glyph_id(c);
+            if let Some(p) = prev {
+                caret += sf.kern(p, id);
+            }
+            prev = Some(id);
+            let glyph = id.with_scale_and_position(sf.scale(), ab_glyph::point(caret, 0.0));
+            caret += sf.h_advance(id);
+            let Some(outline) = f.outline_glyph(glyph) else {
+                continue;
+            };
+            let b = outline.px_bounds();
+            let mut pixels = Vec::new();
+            outline.draw(|gx, gy, cov| {
+                if cov > 0.0 {
+                    pixels.push((b.min.x as i32 + gx as i32, b.min.y as i32 + gy as i32, cov));
+                }
+            });
+            for (along, across, cov) in pixels {
+                let (px, py) = match dir {
+                    Direction::Across => (x + along, y + across),
+                    Direction::Up => (x + across, y - along),
+                };
+                if px >= 0 && py >= 0 && (px as u32) < w && (py as u32) < h {
+                    area.draw_pixel((px, py), &self.colour.mix(cov.min(1.0) as f64))?;
+                }
+            }
+        }
+        Ok(())
     }
 }

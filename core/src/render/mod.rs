@@ -2,14 +2,15 @@
 //! audio (a stereo WAV rendered with a SoundFont through `rustysynth`), a
 //! piano-roll picture, and simple line plots (loss curves, per-position NLL).
 //!
-//! Everything here writes plain files and needs nothing but the crates
-//! `rustysynth`, `hound` and `png`; text in pictures uses a small built-in
-//! 5x7 bitmap font (upper-case only: lower-case letters are drawn as capitals).
+//! Everything here writes plain files: audio through `rustysynth` and
+//! `hound`; pictures are drawn with `plotters` into memory and encoded with
+//! `png` (module `picture`), their text anti-aliased in the DejaVu Sans font
+//! compiled into the crate (module `font`), so no system font is needed.
 
-mod canvas;
 mod font;
 mod gm;
 mod pianoroll;
+mod picture;
 mod plot;
 mod wav;
 

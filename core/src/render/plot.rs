@@ -1,30 +1,46 @@
-//! Line plots (loss curves, per-position NLL) as PNG: a title, axis labels,
-//! ticks with numeric labels, grid, several series in distinct colours and a
-//! legend. Non-finite points are skipped (they break the line).
+//! Line plots (loss curves, per-position NLL) as PNG, drawn with plotters:
+//! a title, axis labels, 1-2-5 ticks with numeric labels, a grid, several
+//! series in distinct colours and a legend. Non-finite points are skipped
+//! (they break the line); values are clamped to +-1e300 and segments are
+//! clipped to the axes here, before plotters sees them, so that no pixel
+//! coordinate can overflow.
 
+use std::ops::Range;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::prelude::*;
+use plotters::style::text_anchor::HPos;
 
-use super::canvas::{hsv, text_height, Canvas, Rgb};
-use super::font::text_width;
+use super::font::{text_width, Direction, Text};
+use super::picture::{colour, draw_png, hsv, Rgb};
 
-/// Size of the pictures [`line_plot_png`] draws.
+/// Width of the pictures [`line_plot_png`] draws.
 pub const PLOT_WIDTH: u32 = 900;
+/// Height of the pictures [`line_plot_png`] draws.
 pub const PLOT_HEIGHT: u32 = 540;
 
 /// One named line of (x, y) points.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
+    /// Its legend entry.
     pub name: String,
+    /// The points in drawing order.
     pub points: Vec<(f64, f64)>,
 }
 
-const LEFT: i64 = 84;
-const RIGHT: i64 = 24;
-const TOP: i64 = 40;
-const BOTTOM: i64 = 52;
-
+/// Space left of the axes (y tick labels and the y axis label).
+const LEFT: u32 = 88;
+/// Space right of the axes.
+const RIGHT: u32 = 24;
+/// Space above the axes (the title).
+const TOP: u32 = 44;
+/// Space below the axes (x tick labels and the x axis label).
+const BOTTOM: u32 = 56;
+const TITLE_SIZE: f64 = 20.0;
+const LABEL_SIZE: f64 = 13.0;
+const DESC_SIZE: f64 = 14.0;
 const BG: Rgb = [255, 255, 255];
 const AXIS: Rgb = [40, 40, 40];
 const GRID: Rgb = [228, 228, 232];
@@ -127,6 +143,121 @@ fn ticks(lo: f64, hi: f64, step: f64) -> Vec<(f64, String)> {
     out
 }
 
+/// A linear f64 axis for plotters' coordinate mapping only: its grid, ticks
+/// and labels are drawn here from [`ticks`], so it offers no key points.
+struct TickedAxis {
+    lo: f64,
+    hi: f64,
+}
+
+impl Ranged for TickedAxis {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        let t = (v - self.lo) / (self.hi - self.lo);
+        let px = limit.0 as f64 + t * (limit.1 - limit.0) as f64;
+        // Saturating: values far outside the axis stay far outside it.
+        px.round().clamp(-1e7, 1e7) as i32
+    }
+
+    fn key_points<H: KeyPointHint>(&self, _hint: H) -> Vec<f64> {
+        Vec::new()
+    }
+
+    fn range(&self) -> Range<f64> {
+        self.lo..self.hi
+    }
+}
+
+/// Text in the plots' text colour.
+fn label(text: &str, size: f64, align: HPos) -> Text<'_> {
+    Text {
+        text,
+        size,
+        colour: colour(TEXT),
+        align,
+    }
+}
+
+/// The part of the segment `a`-`b` inside the box `[x0, x1] x [y0, y1]`
+/// (Liang-Barsky), or None when it misses the box.
+fn clip_segment(
+    a: (f64, f64),
+    b: (f64, f64),
+    (x0, x1, y0, y1): (f64, f64, f64, f64),
+) -> Option<((f64, f64), (f64, f64))> {
+    let (dx, dy) = (b.0 - a.0, b.1 - a.1);
+    let (mut t0, mut t1) = (0.0f64, 1.0f64);
+    for (p, q) in [
+        (-dx, a.0 - x0),
+        (dx, x1 - a.0),
+        (-dy, a.1 - y0),
+        (dy, y1 - a.1),
+    ] {
+        if p == 0.0 {
+            if q < 0.0 {
+                return None;
+            }
+        } else {
+            let r = q / p;
+            if p < 0.0 {
+                t0 = t0.max(r);
+            } else {
+                t1 = t1.min(r);
+            }
+        }
+    }
+    (t0 <= t1 && t0.is_finite() && t1.is_finite()).then_some((
+        (a.0 + t0 * dx, a.1 + t0 * dy),
+        (a.0 + t1 * dx, a.1 + t1 * dy),
+    ))
+}
+
+/// Points joined by straight segments.
+type Polyline = Vec<(f64, f64)>;
+
+/// A series' drawable parts inside `bounds`: polylines of clipped segments
+/// between usable neighbours, and the usable points with no usable
+/// neighbour (drawn as dots).
+fn pieces(s: &Series, bounds: (f64, f64, f64, f64)) -> (Vec<Polyline>, Vec<(f64, f64)>) {
+    let pts: Vec<Option<(f64, f64)>> = s
+        .points
+        .iter()
+        .map(|&(x, y)| Some((usable(x)?, usable(y)?)))
+        .collect();
+    let mut lines: Vec<Polyline> = Vec::new();
+    let mut dots = Vec::new();
+    let mut open = false; // the last polyline ends where the next segment starts
+    for (j, p) in pts.iter().enumerate() {
+        let Some(p) = *p else {
+            open = false;
+            continue;
+        };
+        let prev = j.checked_sub(1).and_then(|i| pts[i]);
+        let next = pts.get(j + 1).copied().flatten();
+        if prev.is_none() && next.is_none() {
+            dots.push(p);
+        }
+        let Some(q) = next else {
+            open = false;
+            continue;
+        };
+        match clip_segment(p, q, bounds) {
+            Some((a, b)) => {
+                let line = lines.last_mut().filter(|_| open && a == p);
+                match line {
+                    Some(l) => l.push(b),
+                    None => lines.push(vec![a, b]),
+                }
+                open = b == q;
+            }
+            None => open = false,
+        }
+    }
+    (lines, dots)
+}
+
 /// Draws `series` as lines on one set of axes and writes a
 /// [`PLOT_WIDTH`] x [`PLOT_HEIGHT`] PNG to `out`. Points with NaN or
 /// infinite coordinates are left out (the line is broken there); with no
@@ -138,10 +269,6 @@ pub fn line_plot_png(
     series: &[Series],
     out: &Path,
 ) -> Result<()> {
-    let (w, h) = (PLOT_WIDTH as i64, PLOT_HEIGHT as i64);
-    let mut c = Canvas::new(w as usize, h as usize, BG);
-    let (px0, py0, px1, py1) = (LEFT, TOP, w - RIGHT, h - BOTTOM);
-
     // Data ranges over usable points.
     let mut xr = (f64::INFINITY, f64::NEG_INFINITY);
     let mut yr = (f64::INFINITY, f64::NEG_INFINITY);
@@ -172,139 +299,121 @@ pub fn line_plot_png(
             (y_lo, y_hi)
         }
     };
-    let sx = (px1 - px0 - 1) as f64 / (x_hi - x_lo);
-    let sy = (py1 - py0 - 1) as f64 / (y_hi - y_lo);
-    let to_px = |x: f64, y: f64| {
-        (
-            px0 as f64 + (x - x_lo) * sx,
-            (py1 - 1) as f64 - (y - y_lo) * sy,
-        )
-    };
-
-    // Grid, ticks and labels.
-    let th = text_height(1) as i64;
-    for (v, label) in ticks(y_lo, y_hi, y_step) {
-        let y = to_px(x_lo, v).1.round() as i64;
-        c.hline(px0, px1, y, GRID);
-        c.hline(px0 - 5, px0, y, AXIS);
-        let tw = text_width(&label, 1) as i64;
-        c.text(px0 - 8 - tw, y - th / 2, &label, 1, TEXT);
-    }
+    let y_ticks = ticks(y_lo, y_hi, y_step);
     let x_ticks = ticks(x_lo, x_hi, x_step);
-    // Thin out x labels that would overlap.
+    // Keep every n-th x tick so that labels stay apart.
+    let plot_w = (PLOT_WIDTH - LEFT - RIGHT) as f64;
     let widest = x_ticks
         .iter()
-        .map(|(_, l)| text_width(l, 1))
+        .map(|(_, l)| text_width(l, LABEL_SIZE))
         .max()
         .unwrap_or(0) as f64;
-    let every = ((widest + 12.0) / (x_step * sx)).ceil().max(1.0) as usize;
-    for (i, (v, label)) in x_ticks.iter().enumerate() {
-        let x = to_px(*v, y_lo).0.round() as i64;
-        c.vline(x, py0, py1, GRID);
-        c.vline(x, py1, py1 + 5, AXIS);
-        if i % every == 0 {
-            let tw = text_width(label, 1) as i64;
-            c.text(x - tw / 2, py1 + 9, label, 1, TEXT);
+    let tick_px = x_step / (x_hi - x_lo) * plot_w;
+    let every = ((widest + 14.0) / tick_px).ceil().clamp(1.0, 1e6) as usize;
+    let bounds = (x_lo, x_hi, y_lo, y_hi);
+    let drawn: Vec<_> = series.iter().map(|s| pieces(s, bounds)).collect();
+
+    let (px0, py0) = (LEFT as i32, TOP as i32);
+    let (px1, py1) = ((PLOT_WIDTH - RIGHT) as i32, (PLOT_HEIGHT - BOTTOM) as i32);
+    draw_png(out, "plot", PLOT_WIDTH, PLOT_HEIGHT, |root| {
+        root.fill(&colour(BG))?;
+        let axes = root.margin(TOP, BOTTOM, LEFT, RIGHT);
+        let mut chart = ChartBuilder::on(&axes).build_cartesian_2d(
+            TickedAxis { lo: x_lo, hi: x_hi },
+            TickedAxis { lo: y_lo, hi: y_hi },
+        )?;
+        let line = |a: (i32, i32), b: (i32, i32), c: Rgb| {
+            root.draw(&PathElement::new(vec![a, b], colour(c)))
+        };
+
+        // Grid, ticks and their labels.
+        for (v, l) in &y_ticks {
+            let y = chart.backend_coord(&(x_lo, *v)).1;
+            line((px0, y), (px1 - 1, y), GRID)?;
+            line((px0 - 5, y), (px0, y), AXIS)?;
+            label(l, LABEL_SIZE, HPos::Right).draw(root, px0 - 8, y + 5)?;
         }
-    }
-    c.rect(px0, py0, px1, py1, AXIS);
+        for (v, l) in x_ticks.iter().step_by(every) {
+            let x = chart.backend_coord(&(*v, y_lo)).0;
+            line((x, py0), (x, py1 - 1), GRID)?;
+            line((x, py1), (x, py1 + 5), AXIS)?;
+            label(l, LABEL_SIZE, HPos::Center).draw(root, x, py1 + 20)?;
+        }
+        root.draw(&Rectangle::new([(px0, py0), (px1, py1)], colour(AXIS)))?;
 
-    // Title and axis labels.
-    let tw = text_width(title, 2) as i64;
-    c.text(((w - tw) / 2).max(2), 12, title, 2, TEXT);
-    let xw = text_width(x_label, 1) as i64;
-    c.text(
-        px0 + ((px1 - px0 - xw) / 2).max(0),
-        h - 16,
-        x_label,
-        1,
-        TEXT,
-    );
-    let yw = text_width(y_label, 1) as i64;
-    c.text_up(8, py0 + (py1 - py0 + yw) / 2, y_label, 1, TEXT);
-
-    if no_data {
-        let msg = "no data";
-        let mw = text_width(msg, 2) as i64;
-        c.text(
-            (px0 + px1 - mw) / 2,
-            (py0 + py1) / 2 - th,
-            msg,
-            2,
-            [150, 150, 150],
-        );
-    }
-
-    // Lines; a point without usable neighbours is drawn as a dot.
-    let clip = (px0 + 1, py0 + 1, px1 - 1, py1 - 1);
-    for (i, s) in series.iter().enumerate() {
-        let col = series_colour(i);
-        let pts: Vec<Option<(f64, f64)>> = s
-            .points
-            .iter()
-            .map(|&(x, y)| match (usable(x), usable(y)) {
-                (Some(x), Some(y)) => Some(to_px(x, y)),
-                _ => None,
-            })
-            .collect();
-        for (j, p) in pts.iter().enumerate() {
-            let Some(p) = *p else { continue };
-            let next = pts.get(j + 1).copied().flatten();
-            if let Some(q) = next {
-                c.line(p, q, 2, clip, col);
+        // Title and axis labels.
+        label(title, TITLE_SIZE, HPos::Center).draw(root, PLOT_WIDTH as i32 / 2, 28)?;
+        label(x_label, DESC_SIZE, HPos::Center).draw(
+            root,
+            (px0 + px1) / 2,
+            PLOT_HEIGHT as i32 - 10,
+        )?;
+        label(y_label, DESC_SIZE, HPos::Center).draw_dir(
+            root,
+            22,
+            (py0 + py1) / 2,
+            Direction::Up,
+        )?;
+        if no_data {
+            Text {
+                text: "no data",
+                size: 24.0,
+                colour: RGBColor(150, 150, 150),
+                align: HPos::Center,
             }
-            let prev = if j > 0 { pts[j - 1] } else { None };
-            if prev.is_none() && next.is_none() {
-                let (x, y) = (p.0.round() as i64, p.1.round() as i64);
-                if x >= clip.0 && x < clip.2 && y >= clip.1 && y < clip.3 {
-                    c.fill(x - 1, y - 1, x + 2, y + 2, col);
-                }
+            .draw(root, (px0 + px1) / 2, (py0 + py1) / 2 + 8)?;
+        }
+
+        // Lines and lone points.
+        for (i, (lines, dots)) in drawn.iter().enumerate() {
+            let col = colour(series_colour(i));
+            for l in lines {
+                chart.draw_series(std::iter::once(PathElement::new(
+                    l.clone(),
+                    col.stroke_width(2),
+                )))?;
+            }
+            chart.draw_series(dots.iter().map(|&p| {
+                EmptyElement::at(p) + Rectangle::new([(-1, -1), (2, 2)], col.filled())
+            }))?;
+        }
+
+        // Legend, top right inside the axes.
+        if !series.is_empty() {
+            let name_w = series
+                .iter()
+                .map(|s| text_width(&s.name, LABEL_SIZE))
+                .max()
+                .unwrap_or(0);
+            let (bw, bh) = (name_w + 40, series.len() as i32 * 18 + 10);
+            let bx = (px1 - 10 - bw).max(px0 + 2);
+            let by = py0 + 10;
+            root.draw(&Rectangle::new(
+                [(bx, by), (bx + bw, by + bh)],
+                colour(BG).filled(),
+            ))?;
+            root.draw(&Rectangle::new(
+                [(bx, by), (bx + bw, by + bh)],
+                RGBColor(180, 180, 180),
+            ))?;
+            for (i, s) in series.iter().enumerate() {
+                let y = by + 18 + i as i32 * 18;
+                let col = colour(series_colour(i));
+                root.draw(&Rectangle::new(
+                    [(bx + 8, y - 6), (bx + 28, y - 2)],
+                    col.filled(),
+                ))?;
+                label(&s.name, LABEL_SIZE, HPos::Left).draw(root, bx + 34, y)?;
             }
         }
-    }
-
-    // Legend, top right inside the axes.
-    if !series.is_empty() {
-        let name_w = series
-            .iter()
-            .map(|s| text_width(&s.name, 1))
-            .max()
-            .unwrap_or(0) as i64;
-        let bw = name_w + 34;
-        let bh = series.len() as i64 * 12 + 8;
-        let bx = (px1 - 8 - bw).max(px0 + 2);
-        let by = py0 + 8;
-        c.fill(bx, by, bx + bw, by + bh, BG);
-        c.rect(bx, by, bx + bw, by + bh, [180, 180, 180]);
-        for (i, s) in series.iter().enumerate() {
-            let y = by + 5 + i as i64 * 12;
-            let col = series_colour(i);
-            c.fill(bx + 6, y + 2, bx + 24, y + 5, col);
-            c.text(bx + 28, y, &s.name, 1, TEXT);
-        }
-    }
-
-    c.write_png(out)
-        .with_context(|| format!("cannot save plot {}", out.display()))
+        Ok(())
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashSet;
-
-    fn decode(p: &Path) -> (u32, u32, Vec<u8>) {
-        let dec = png::Decoder::new(std::fs::File::open(p).unwrap());
-        let mut r = dec.read_info().unwrap();
-        let mut buf = vec![0; r.output_buffer_size()];
-        let info = r.next_frame(&mut buf).unwrap();
-        buf.truncate(info.buffer_size());
-        (info.width, info.height, buf)
-    }
-
-    fn colours(buf: &[u8]) -> HashSet<[u8; 3]> {
-        buf.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect()
-    }
+    use crate::render::picture::tests::{colours, decode};
 
     #[test]
     fn loss_plot_has_size_and_series_colours() {
@@ -332,6 +441,70 @@ mod tests {
         // The first series' colour appears well beyond the legend swatch.
         let n0 = buf.chunks_exact(3).filter(|c| c == &PALETTE[0]).count();
         assert!(n0 > 500, "{n0}");
+        // The train curve starts high on the left: its colour is in the
+        // top-left quarter of the axes, and the legend swatch top right.
+        let at = |x: u32, y: u32| -> Rgb {
+            let i = ((y * w + x) * 3) as usize;
+            [buf[i], buf[i + 1], buf[i + 2]]
+        };
+        let region_has = |x0: u32, x1: u32, y0: u32, y1: u32, c: Rgb| {
+            (y0..y1).any(|y| (x0..x1).any(|x| at(x, y) == c))
+        };
+        assert!(region_has(LEFT, LEFT + 40, TOP, TOP + 120, PALETTE[0]));
+        assert!(region_has(
+            PLOT_WIDTH / 2,
+            PLOT_WIDTH - RIGHT,
+            TOP,
+            TOP + 60,
+            PALETTE[1]
+        ));
+        // Anti-aliased text leaves grey levels between TEXT and BG.
+        let greys = cols
+            .iter()
+            .filter(|c| c[0] == c[1] && c[1] == c[2] && c[0] > 40 && c[0] < 200)
+            .count();
+        assert!(greys > 10, "{greys} greys");
+        // Nothing is drawn past the legend box's right edge into the margin
+        // except the axes frame.
+        assert!(!region_has(
+            PLOT_WIDTH - RIGHT + 2,
+            PLOT_WIDTH,
+            0,
+            PLOT_HEIGHT,
+            PALETTE[0]
+        ));
+    }
+
+    #[test]
+    fn segments_are_clipped_and_broken_at_gaps() {
+        let b = (0.0, 10.0, 0.0, 10.0);
+        assert_eq!(
+            clip_segment((-10.0, 5.0), (20.0, 5.0), b),
+            Some(((0.0, 5.0), (10.0, 5.0)))
+        );
+        assert_eq!(clip_segment((-10.0, -1.0), (20.0, -1.0), b), None);
+        let s = Series {
+            name: "s".into(),
+            points: vec![
+                (0.0, 1.0),
+                (1.0, 2.0),
+                (2.0, 3.0),
+                (3.0, f64::NAN),
+                (4.0, 4.0),
+                (5.0, f64::NAN),
+                (6.0, 5.0),
+                (7.0, 6.0),
+            ],
+        };
+        let (lines, dots) = pieces(&s, b);
+        assert_eq!(
+            lines,
+            vec![
+                vec![(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)],
+                vec![(6.0, 5.0), (7.0, 6.0)]
+            ]
+        );
+        assert_eq!(dots, vec![(4.0, 4.0)]);
     }
 
     #[test]
