@@ -88,7 +88,7 @@ pub enum LocalPosition {
     Shared,
     /// Rotary position embedding on the local heads' own queries and keys, which skip SPE:
     /// the logit of a query at p and a key at p' depends on p - p' exactly, with no noise
-    /// (RoPE, Su et al. 2021; [`crate::model::transformer::rope`]).
+    /// (RoPE, Su et al. 2021; [`crate::model::rope::rope`]).
     Rope,
 }
 

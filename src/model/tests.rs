@@ -3,7 +3,7 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use crate::model::transformer::{apply_rope, apply_rope_libtorch, rope, rope_tables};
+use crate::model::rope::{apply_rope, apply_rope_libtorch, rope, rope_tables};
 use crate::model::{AttentionKind, LocalPosition, ModelConfig, PositionalEncoding, Transformer};
 
 const V: i64 = 50;
@@ -364,7 +364,7 @@ fn host_step_pieces_match_their_libtorch_forms() {
 
 #[test]
 fn banded_attention_matches_the_definition_and_its_gradients() {
-    use super::transformer::banded_attention;
+    use super::local::banded_attention;
     tch::manual_seed(12);
     let f = (Kind::Float, Device::Cpu);
     let l = 23i64;
@@ -406,7 +406,7 @@ fn banded_attention_matches_the_definition_and_its_gradients() {
 
 #[test]
 fn window_attention_is_banded_softmax_in_any_pieces() {
-    use super::transformer::{ring_attention, window_attention, KvRing, UNBOUNDED};
+    use super::local::{ring_attention, window_attention, KvRing, UNBOUNDED};
     tch::manual_seed(11);
     let f = (Kind::Float, Device::Cpu);
     let l = 23i64;
@@ -485,7 +485,7 @@ fn window_attention_is_banded_softmax_in_any_pieces() {
 
 #[test]
 fn host_ring_step_is_rope_then_ring_attention() {
-    use super::transformer::{host_ring_step, host_step_ok, ring_attention, KvRing};
+    use super::local::{host_ring_step, host_step_ok, ring_attention, KvRing};
     tch::manual_seed(12);
     let f = (Kind::Float, Device::Cpu);
     // 2 sequences; 3 heads of dim 8 in all, the first 2 local, window 5; 13 steps from
@@ -693,7 +693,7 @@ fn short_conv_starts_as_identity_and_reaches_back_k_minus_1_tokens() {
     // the convolution itself, by hand
     let x = Tensor::randn([2, 9, 6], (Kind::Float, Device::Cpu));
     let w = Tensor::randn([6, 4], (Kind::Float, Device::Cpu));
-    let y = super::transformer::short_conv(&x, &w, None);
+    let y = super::attention::short_conv(&x, &w, None);
     // by hand at t = 5: taps 0..3 weigh x[2], x[3], x[4], x[5]
     let mut want = Tensor::zeros([2, 6], (Kind::Float, Device::Cpu));
     for j in 0..4 {
@@ -838,7 +838,7 @@ fn logits_shape_and_ape_values() {
     let lg = m.forward_t(&tokens(3, 11, 1), 4000, false);
     assert_eq!(lg.size(), [3, 11, V]);
     assert_eq!(lg.kind(), Kind::Float);
-    let pe = crate::model::transformer::sinusoidal_ape(5, 2, 6, Device::Cpu);
+    let pe = crate::model::embed::sinusoidal_ape(5, 2, 6, Device::Cpu);
     let want = [
         5f64.sin(),
         5f64.cos(),
