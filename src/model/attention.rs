@@ -351,7 +351,7 @@ impl Attention {
             let lv = heads.local_v.as_ref().expect("hl > 0");
             lh.forward(lq, lk, lv, ring, self.kind()) // (B, hl, L, hd)
         });
-        let global = state.as_deref_mut().map(|s| &mut s.heads);
+        let global = state.map(|s| &mut s.heads);
         let att = self.global_heads(&heads, local, noise, global, step); // (B, L, H, hd)
         att.reshape([b, l, d]).apply(&self.out) // (B, L, d)
     }
@@ -386,8 +386,8 @@ impl Attention {
         let q = q.view([b, l, h, hd]); // (B, L, H, hd)
         let k = k.view([b, l, h, hd]); // (B, L, H, hd)
         let v = v.view([b, l, h, hd]).permute([0, 2, 1, 3]); // (B, H, L, hd)
-        // RoPE local heads take their own queries and keys; SPE filters heads h0..h: only
-        // the global heads then, every head otherwise (the local ones taken from it below).
+                                                             // RoPE local heads take their own queries and keys; SPE filters heads h0..h: only
+                                                             // the global heads then, every head otherwise (the local ones taken from it below).
         let (q, k, rope_qk) = if h0 > 0 {
             // (h0 = hl: the RoPE heads are the local ones)
             let ((lq, q), (lk, k)) = (split_heads(&q, 2, h0), split_heads(&k, 2, h0));
@@ -491,7 +491,6 @@ pub(crate) fn split_heads(t: &Tensor, dim: i64, n: i64) -> (Option<Tensor>, Tens
     (Some(first), rest)
 }
 
-
 /// Causal depthwise convolution over time: (B, L, C) rows and (C, k) taps ->
 /// (B, L, C), y[t] = sum_j w[:, j] x[t - (k-1) + j], with the k-1 rows before
 /// the window taken from `tail` (B, k-1, C), or zeros without one; `tail` is
@@ -515,4 +514,3 @@ pub(crate) fn short_conv(x: &Tensor, w: &Tensor, tail: Option<&mut Tensor>) -> T
     }
     y
 }
-

@@ -91,4 +91,3 @@ pub(crate) fn dropout(x: Tensor, p: f64, train: bool) -> Tensor {
         x
     }
 }
-

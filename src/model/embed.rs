@@ -6,6 +6,10 @@
 //! unscaled embeddings (std 0.02) the code (RMS 2^-1/2) is brought to the tokens' scale;
 //! scaled embeddings (std d^-1/2, times sqrt(d)) take it as it is.
 
+// `a = a + b` is deliberate: tch's `+=` is an in-place add, which would write into
+// tensors that autograd or a caller still holds.
+#![allow(clippy::assign_op_pattern)]
+
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::model::config::{ModelConfig, PositionalEncoding};
@@ -80,4 +84,3 @@ pub fn sinusoidal_ape(start: i64, len: i64, d: i64, device: Device) -> Tensor {
         .narrow(1, 0, d)
         .to_kind(Kind::Float)
 }
-

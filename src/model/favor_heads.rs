@@ -99,7 +99,6 @@ pub(crate) struct HostFavor {
     pub features: Vec<HostFeatures>,
 }
 
-
 impl std::fmt::Debug for HostFavor {
     /// Sizes only: the copies hold tens of thousands of numbers.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -197,4 +196,3 @@ pub(crate) fn host_favor_step(
     }
     out
 }
-

@@ -29,8 +29,8 @@ impl OutputHead {
         let norm = layer_norm(vs.sub("final_norm"), cfg.d_model);
         let linear = (!cfg.tie_embeddings)
             .then(|| linear(vs.sub("head"), cfg.d_model, cfg.vocab_size, 0.02));
-        let scale = (cfg.tie_embeddings && cfg.scaled_embeddings)
-            .then(|| (cfg.d_model as f64).powf(-0.5));
+        let scale =
+            (cfg.tie_embeddings && cfg.scaled_embeddings).then(|| (cfg.d_model as f64).powf(-0.5));
         OutputHead {
             norm,
             linear,

@@ -463,4 +463,3 @@ pub(crate) fn host_step_ok(ring: &KvRing) -> bool {
         .all(|t| cpu_f32(t) && t.is_contiguous())
         && ring.k.size() == ring.v.size()
 }
-

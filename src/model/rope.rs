@@ -74,4 +74,3 @@ pub(crate) fn apply_rope_libtorch(x: &Tensor, (cos, sin): &(Tensor, Tensor)) -> 
     let x = as_kind(x, Kind::Float);
     &x * cos + x.roll([half], [3]) * sin
 }
-

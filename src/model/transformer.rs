@@ -296,7 +296,8 @@ impl Transformer {
                 && Tensor::rand([1], (Kind::Double, Device::Cpu)).double_value(&[0]) < *redraw_prob
             {
                 for f in self.train_features.iter_mut() {
-                    *f = FavorFeatures::draw(*features, self.cfg.qk_dim(), *antithetic, self.device);
+                    *f =
+                        FavorFeatures::draw(*features, self.cfg.qk_dim(), *antithetic, self.device);
                 }
             }
         }
@@ -586,7 +587,6 @@ impl Transformer {
         state.position = offset + 1;
         Tensor::from_slice(&logits).view([b as i64, vocab as i64])
     }
-
 
     /// The codes of every SPE code over positions offset..offset+L: stored (qbar, kbar),
     /// each (L, H, D, R), or, for SineSPE outside a generation step where the fused
