@@ -19,7 +19,7 @@
 use std::time::Instant;
 
 use cadenza::model::{AttentionKind, LocalPosition, ModelConfig, Transformer};
-use cadenza::train::{adamw::AdamW, lm_loss};
+use cadenza::train::{adamw::AdamW, train_loss};
 use tch::{nn, Device, Kind, Tensor};
 
 struct Opts {
@@ -121,7 +121,7 @@ fn main() {
     };
     cfg.validate().unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
-    let model = Transformer::new(&vs.root(), &cfg).unwrap();
+    let mut model = Transformer::new(&vs.root(), &cfg).unwrap();
     let mut opt = AdamW::new(vs.variables(), 0.9, 0.98, 1e-8, 0.01);
     let base = vm_mb("VmRSS:");
     // seconds of each phase: forward with the loss, backward, clipping, update
@@ -129,7 +129,7 @@ fn main() {
         let batch =
             Tensor::randint_low(1, o.vocab, [o.batch, o.len + 1], (Kind::Int64, Device::Cpu));
         let t0 = Instant::now();
-        let loss = lm_loss(&model, &batch, true);
+        let loss = train_loss(&mut model, &batch);
         let t1 = Instant::now();
         loss.backward();
         let t2 = Instant::now();

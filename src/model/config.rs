@@ -88,7 +88,7 @@ pub enum LocalPosition {
     Shared,
     /// Rotary position embedding on the local heads' own queries and keys, which skip SPE:
     /// the logit of a query at p and a key at p' depends on p - p' exactly, with no noise
-    /// (RoPE, Su et al. 2021; [`crate::model::transformer::rope`]).
+    /// (RoPE, Su et al. 2021; [`crate::model::rope::rope`]).
     Rope,
 }
 
@@ -338,6 +338,39 @@ impl ModelConfig {
         }
     }
 
+    /// The checks of the local heads' settings (part of [`Self::validate`]).
+    fn validate_local_heads(&self) -> Result<()> {
+        if self.local_heads != 0 {
+            if !(0..=self.n_heads).contains(&self.local_heads) {
+                bail!(
+                    "model config: local_heads must be in 0..=n_heads ({}) (got {})",
+                    self.n_heads,
+                    self.local_heads
+                );
+            }
+            if self.local_window < 1 {
+                bail!(
+                    "model config: local_heads needs local_window >= 1 (got {})",
+                    self.local_window
+                );
+            }
+            if self.local_position == LocalPosition::Rope && self.head_dim() % 2 != 0 {
+                bail!(
+                    "model config: local_position = \"rope\" turns pairs of dimensions, so the head dimension must be even (got {})",
+                    self.head_dim()
+                );
+            }
+            if self.attention == AttentionKind::Softmax {
+                bail!("model config: local_heads mixes local softmax into FAVOR+ attention; with softmax attention every head is exact already");
+            }
+        }
+        if self.local_heads == 0 && self.local_position != LocalPosition::Shared {
+            bail!("model config: local_position applies to local heads, and local_heads is 0");
+        }
+        Ok(())
+    }
+
+    /// Checks every setting, naming the first one out of range.
     pub fn validate(&self) -> Result<()> {
         let pos = |name: &str, v: i64| -> Result<()> {
             if v <= 0 {
@@ -370,33 +403,7 @@ impl ModelConfig {
                 self.dropout
             );
         }
-        if self.local_heads != 0 {
-            if !(0..=self.n_heads).contains(&self.local_heads) {
-                bail!(
-                    "model config: local_heads must be in 0..=n_heads ({}) (got {})",
-                    self.n_heads,
-                    self.local_heads
-                );
-            }
-            if self.local_window < 1 {
-                bail!(
-                    "model config: local_heads needs local_window >= 1 (got {})",
-                    self.local_window
-                );
-            }
-            if self.local_position == LocalPosition::Rope && self.head_dim() % 2 != 0 {
-                bail!(
-                    "model config: local_position = \"rope\" turns pairs of dimensions, so the head dimension must be even (got {})",
-                    self.head_dim()
-                );
-            }
-            if self.attention == AttentionKind::Softmax {
-                bail!("model config: local_heads mixes local softmax into FAVOR+ attention; with softmax attention every head is exact already");
-            }
-        }
-        if self.local_heads == 0 && self.local_position != LocalPosition::Shared {
-            bail!("model config: local_position applies to local heads, and local_heads is 0");
-        }
+        self.validate_local_heads()?;
         match &self.positional {
             PositionalEncoding::SpeSine {
                 sines,

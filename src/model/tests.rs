@@ -3,12 +3,13 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use crate::model::transformer::{apply_rope, apply_rope_libtorch, rope, rope_tables};
+use crate::model::rope::{apply_rope, apply_rope_libtorch, rope, rope_tables};
 use crate::model::{AttentionKind, LocalPosition, ModelConfig, PositionalEncoding, Transformer};
 
 const V: i64 = 50;
 
 /// Named model variants covering every positional option and both attentions.
+/// (A table, one variant after another, hence its length.)
 fn variants() -> Vec<(&'static str, ModelConfig)> {
     let base = {
         let mut c = ModelConfig::preset("tiny", V).unwrap();
@@ -276,6 +277,8 @@ fn state_copy_and_select(cfg: &ModelConfig) {
     assert!(rel(&d, &full.select(1, 10).index_select(0, &idx)) < 1e-4);
 }
 
+// (One check per piece of the host step against its libtorch form, sharing one set of
+// inputs: longer than the others for it.)
 #[test]
 fn host_step_pieces_match_their_libtorch_forms() {
     use crate::model::config::FreqInit;
@@ -364,7 +367,7 @@ fn host_step_pieces_match_their_libtorch_forms() {
 
 #[test]
 fn banded_attention_matches_the_definition_and_its_gradients() {
-    use super::transformer::banded_attention;
+    use super::local::banded_attention;
     tch::manual_seed(12);
     let f = (Kind::Float, Device::Cpu);
     let l = 23i64;
@@ -406,7 +409,7 @@ fn banded_attention_matches_the_definition_and_its_gradients() {
 
 #[test]
 fn window_attention_is_banded_softmax_in_any_pieces() {
-    use super::transformer::{ring_attention, window_attention, KvRing, UNBOUNDED};
+    use super::local::{ring_attention, window_attention, KvRing, UNBOUNDED};
     tch::manual_seed(11);
     let f = (Kind::Float, Device::Cpu);
     let l = 23i64;
@@ -485,7 +488,7 @@ fn window_attention_is_banded_softmax_in_any_pieces() {
 
 #[test]
 fn host_ring_step_is_rope_then_ring_attention() {
-    use super::transformer::{host_ring_step, host_step_ok, ring_attention, KvRing};
+    use super::local::{host_ring_step, host_step_ok, ring_attention, KvRing};
     tch::manual_seed(12);
     let f = (Kind::Float, Device::Cpu);
     // 2 sequences; 3 heads of dim 8 in all, the first 2 local, window 5; 13 steps from
@@ -684,16 +687,22 @@ fn short_conv_starts_as_identity_and_reaches_back_k_minus_1_tokens() {
     tch::manual_seed(9);
     let vs_a = nn::VarStore::new(Device::Cpu);
     let a = Transformer::new(&vs_a.root(), &plain).unwrap();
-    tch::manual_seed(9);
     let vs_b = nn::VarStore::new(Device::Cpu);
     let b = Transformer::new(&vs_b.root(), &cfg).unwrap();
+    // the same weights, whatever other tests drew from the global generator meanwhile
+    let weights_b = vs_b.variables();
+    tch::no_grad(|| {
+        for (name, t) in vs_a.variables() {
+            weights_b[&name].shallow_clone().copy_(&t);
+        }
+    });
     let toks = tokens(1, 30, 9);
     let e = rel(&b.forward_t(&toks, 0, false), &a.forward_t(&toks, 0, false));
     assert!(e < 1e-6, "identity conv changes logits by {e}");
     // the convolution itself, by hand
     let x = Tensor::randn([2, 9, 6], (Kind::Float, Device::Cpu));
     let w = Tensor::randn([6, 4], (Kind::Float, Device::Cpu));
-    let y = super::transformer::short_conv(&x, &w, None);
+    let y = super::attention::short_conv(&x, &w, None);
     // by hand at t = 5: taps 0..3 weigh x[2], x[3], x[4], x[5]
     let mut want = Tensor::zeros([2, 6], (Kind::Float, Device::Cpu));
     for j in 0..4 {
@@ -838,7 +847,7 @@ fn logits_shape_and_ape_values() {
     let lg = m.forward_t(&tokens(3, 11, 1), 4000, false);
     assert_eq!(lg.size(), [3, 11, V]);
     assert_eq!(lg.kind(), Kind::Float);
-    let pe = crate::model::transformer::sinusoidal_ape(5, 2, 6, Device::Cpu);
+    let pe = crate::model::embed::sinusoidal_ape(5, 2, 6, Device::Cpu);
     let want = [
         5f64.sin(),
         5f64.cos(),
@@ -860,4 +869,160 @@ fn stale_state_after_refreeze_is_rejected() {
     let mut st = m.begin(1);
     m.freeze(99);
     let _ = m.step(&Tensor::from_slice(&[1i64]), &mut st);
+}
+
+/// A FAVOR+ layer with RoPE local heads and a short convolution, no SPE (its noise is the
+/// stack's), with its frozen projection.
+fn sublayer_config() -> (ModelConfig, crate::model::favor::FavorFeatures) {
+    let mut c = ModelConfig::preset("tiny", V)
+        .unwrap()
+        .with_positional("none")
+        .unwrap();
+    c.chunk_size = 8;
+    c.local_heads = 1;
+    c.local_window = 4;
+    c.local_position = LocalPosition::Rope;
+    c.short_conv = 3;
+    let AttentionKind::Favor {
+        features,
+        antithetic,
+        ..
+    } = c.attention
+    else {
+        panic!("the tiny preset uses FAVOR+")
+    };
+    let feats = crate::model::favor::FavorFeatures::seeded(
+        3,
+        0,
+        features,
+        c.qk_dim(),
+        antithetic,
+        Device::Cpu,
+    );
+    (c, feats)
+}
+
+#[test]
+fn attention_step_over_a_sequence_is_its_forward() {
+    use crate::model::attention::{Attention, LayerNoise, Positions};
+    let (cfg, feats) = sublayer_config();
+    tch::manual_seed(11);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let att = Attention::new(&cfg, &vs.root(), None);
+    tch::no_grad(|| {
+        let w = att.conv.as_ref().expect("short conv");
+        w.shallow_clone().copy_(&(Tensor::randn_like(w) * 0.5));
+    });
+    let noise = LayerNoise {
+        code: None,
+        gate: None,
+        features: Some(&feats),
+    };
+    let (b, l, offset) = (2, 11, 7);
+    let x = Tensor::randn([b, l, cfg.d_model], (Kind::Float, Device::Cpu));
+    let whole = tch::no_grad(|| att.forward(&x, &noise, &Positions::new(offset, false), None));
+    assert_eq!(whole.size(), [b, l, cfg.d_model]);
+    // libtorch steps, host ring steps, and a prefill then steps: the same outputs
+    for (ring_on_host, prefix) in [(false, 0), (true, 0), (false, 5)] {
+        let mut st = att.begin(b);
+        let mut outs = vec![];
+        if prefix > 0 {
+            let pos = Positions::new(offset, false);
+            outs.push(tch::no_grad(|| {
+                att.forward(&x.narrow(1, 0, prefix), &noise, &pos, Some(&mut st))
+            }));
+        }
+        for p in prefix..l {
+            let pos = Positions::new(offset + p, ring_on_host);
+            outs.push(tch::no_grad(|| {
+                att.step(&x.narrow(1, p, 1), &noise, &pos, &mut st)
+            }));
+        }
+        let e = rel(&Tensor::cat(&outs, 1), &whole);
+        assert!(
+            e < 1e-5,
+            "step (host ring {ring_on_host}, prefix {prefix}) differs from forward: {e}"
+        );
+    }
+    // causal: changing the last position changes no earlier output
+    let y = x.copy();
+    let _ = y.narrow(1, l - 1, 1).fill_(3.0);
+    let other = tch::no_grad(|| att.forward(&y, &noise, &Positions::new(offset, false), None));
+    assert!(rel(&other.narrow(1, 0, l - 1), &whole.narrow(1, 0, l - 1)) == 0.0);
+    assert!(rel(&other.narrow(1, l - 1, 1), &whole.narrow(1, l - 1, 1)) > 1e-3);
+}
+
+#[test]
+fn favor_heads_step_over_a_sequence_is_their_forward() {
+    use crate::model::favor_heads::FavorHeads;
+    let (cfg, feats) = sublayer_config();
+    let heads = FavorHeads {
+        chunk: 4,
+        features: feats.num_features(),
+    };
+    tch::manual_seed(12);
+    let (b, h, l, d) = (2, 3, 9, cfg.qk_dim());
+    let f = (Kind::Float, Device::Cpu);
+    let (q, k, v) = (
+        Tensor::randn([b, h, l, d], f),
+        Tensor::randn([b, h, l, d], f),
+        Tensor::randn([b, h, l, 5], f),
+    );
+    let whole = heads.forward(&q, &k, &v, &feats, None);
+    let m = feats.num_features();
+    let (mut s, mut z) = (Tensor::zeros([b, h, m, 5], f), Tensor::zeros([b, h, m], f));
+    let outs: Vec<Tensor> = (0..l)
+        .map(|p| {
+            let at = |t: &Tensor| t.narrow(2, p, 1);
+            heads.step(&at(&q), &at(&k), &at(&v), &feats, &mut s, &mut z)
+        })
+        .collect();
+    let e = rel(&Tensor::cat(&outs, 2), &whole);
+    assert!(e < 1e-5, "FAVOR+ step differs from forward: {e}");
+    // and a state carried from a first piece continues it
+    let (mut s2, mut z2) = (Tensor::zeros([b, h, m, 5], f), Tensor::zeros([b, h, m], f));
+    let first = heads.forward(
+        &q.narrow(2, 0, 4),
+        &k.narrow(2, 0, 4),
+        &v.narrow(2, 0, 4),
+        &feats,
+        Some((&mut s2, &mut z2)),
+    );
+    let rest = heads.forward(
+        &q.narrow(2, 4, l - 4),
+        &k.narrow(2, 4, l - 4),
+        &v.narrow(2, 4, l - 4),
+        &feats,
+        Some((&mut s2, &mut z2)),
+    );
+    assert!(rel(&Tensor::cat(&[first, rest], 2), &whole) < 1e-5);
+    assert!(rel(&s2, &s) < 1e-5 && rel(&z2, &z) < 1e-5);
+}
+
+#[test]
+fn embeddings_code_depends_on_the_position_only_and_the_tied_head_is_x_e_t() {
+    use crate::model::embed::Embeddings;
+    use crate::model::head::OutputHead;
+    let cfg = ModelConfig::preset("tiny", V)
+        .unwrap()
+        .with_positional("ape")
+        .unwrap();
+    tch::manual_seed(13);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let embed = Embeddings::new(&cfg, &vs.root());
+    let toks = tokens(2, 12, 4);
+    let whole = embed.forward(&toks, 100);
+    let tail = embed.forward(&toks.narrow(1, 5, 7), 105);
+    assert!(rel(&tail, &whole.narrow(1, 5, 7)) == 0.0);
+    // the code is there: the same tokens elsewhere embed differently
+    assert!(rel(&embed.forward(&toks, 0), &whole) > 1e-2);
+    let mut tied = cfg.clone();
+    tied.tie_embeddings = true;
+    tied.scaled_embeddings = false;
+    let head = OutputHead::new(&tied, &vs.root().sub("tied"), &embed.weight);
+    let x = Tensor::randn([2, 3, cfg.d_model], (Kind::Float, Device::Cpu));
+    let logits = head.forward(&x);
+    assert_eq!(logits.size(), [2, 3, V]);
+    let expect = x.apply(&head.norm).matmul(&embed.weight.tr());
+    assert!(rel(&logits, &expect) == 0.0);
 }

@@ -495,7 +495,7 @@ pub fn parse_device(s: Option<&str>) -> Result<Device> {
 }
 
 /// Restores the training projections saved with a checkpoint (if any).
-pub fn load_training_projections(dir: &Path, model: &Transformer) -> Result<()> {
+pub fn load_training_projections(dir: &Path, model: &mut Transformer) -> Result<()> {
     let path = dir.join(FEATURES_FILE);
     if !path.is_file() {
         return Ok(());

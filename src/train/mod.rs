@@ -239,10 +239,20 @@ pub fn set_threads(threads: usize) {
 
 /// Mean cross-entropy of next-token prediction over non-PAD targets.
 pub fn lm_loss(model: &Transformer, batch: &Tensor, train: bool) -> Tensor {
+    next_token_loss(batch, |input| model.forward_t(input, 0, train))
+}
+
+/// [`lm_loss`] of a training step: [`Transformer::forward_train`], which may redraw the
+/// FAVOR+ projections.
+pub fn train_loss(model: &mut Transformer, batch: &Tensor) -> Tensor {
+    next_token_loss(batch, |input| model.forward_train(input, 0))
+}
+
+fn next_token_loss(batch: &Tensor, forward: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
     let l = batch.size()[1];
     let input = batch.narrow(1, 0, l - 1);
     let target = batch.narrow(1, 1, l - 1);
-    let logits = model.forward_t(&input, 0, train);
+    let logits = forward(&input);
     let v = logits.size()[2];
     logits
         .to_kind(Kind::Float)
@@ -603,7 +613,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
                 dir.join(checkpoint::FEATURES_FILE).display()
             );
         }
-        checkpoint::load_training_projections(&dir, &model)?;
+        checkpoint::load_training_projections(&dir, &mut model)?;
         state = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
         truncate_metrics(run, state.step)?;
     } else {
@@ -638,7 +648,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         let batch = to_batch(&ids, tc.batch, device);
         let lr = tc.lr_at(step);
         opt.zero_grad();
-        let loss = tch::autocast(use_autocast, || lm_loss(&model, &batch, true));
+        let loss = tch::autocast(use_autocast, || train_loss(&mut model, &batch));
         loss.backward();
         let grad_norm = opt.clip_grad_norm(tc.grad_clip);
         opt.update(lr);

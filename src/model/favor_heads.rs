@@ -1,0 +1,198 @@
+//! The FAVOR+ heads of a layer: causal linear attention over the SPE-filtered (or plain)
+//! queries and keys, through positive random features (Performer).
+//!
+//! Invariants:
+//! * Queries and keys enter the feature map scaled by dk^-1/4 (dk = R with SPE, the head
+//!   width otherwise); features, prefix sums and the state are f32 whatever the model's kind.
+//! * The parallel form ([`FavorHeads::forward`], chunked or fused) and the recurrence
+//!   ([`FavorHeads::step`], one token: z += phi(k); S += phi(k) v^T; out = phi(q) S /
+//!   (phi(q) . z)) give the same outputs; a state carried between calls makes any split of
+//!   a sequence give the outputs of the whole.
+//! * The host step ([`host_favor_step`]) is the same math as the SPE filter, the feature
+//!   map and [`recurrent_step`], in f32, summed in another order.
+
+use tch::{Kind, Tensor};
+
+use crate::model::cpu_f32;
+use crate::model::favor::{
+    causal_linear_attention, host_recurrent_step, recurrent_step, FavorFeatures, HostFeatures,
+};
+use crate::model::spe::{host_filter, HostSine};
+
+/// The FAVOR+ heads of a layer (those after its local heads). They own no parameters:
+/// their projection is drawn per layer ([`FavorFeatures`]) and passed in per call.
+#[derive(Debug, Clone, Copy)]
+pub struct FavorHeads {
+    /// Chunk length of the chunked linear attention.
+    pub chunk: i64,
+    /// Random features M per head.
+    pub features: i64,
+}
+
+impl FavorHeads {
+    /// The feature maps of q, k (B, H', L, dk) scaled by dk^-1/4, and v (B, H', L, Dv), in f32.
+    fn features(q: &Tensor, k: &Tensor, v: &Tensor, feats: &FavorFeatures) -> [Tensor; 3] {
+        let dk = q.size()[3];
+        let sc = (dk as f64).powf(-0.25);
+        let pq = feats.scaled_features(q, sc, true); // (B, H', L, M)
+        let pk = feats.scaled_features(k, sc, false); // (B, H', L, M)
+        let vf = crate::model::as_kind(v, Kind::Float); // (B, H', L, Dv)
+        [pq, pk, vf]
+    }
+
+    /// Causal linear attention of q, k (B, H', L, dk) and v (B, H', L, Dv) ->
+    /// (B, H', L, Dv) f32. With a `state` (s (B, H', M, Dv), z (B, H', M)) the sums start
+    /// from it, and it is replaced by the sums after the last position.
+    pub fn forward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        feats: &FavorFeatures,
+        state: Option<(&mut Tensor, &mut Tensor)>,
+    ) -> Tensor {
+        let [pq, pk, vf] = Self::features(q, k, v, feats);
+        match state {
+            Some((s, z)) => {
+                let (o, s2, z2) =
+                    causal_linear_attention(&pq, &pk, &vf, self.chunk, Some((&*s, &*z)));
+                *s = s2;
+                *z = z2;
+                o
+            }
+            None => causal_linear_attention(&pq, &pk, &vf, self.chunk, None).0,
+        } // (B, H', L, Dv)
+    }
+
+    /// One position: q, k (B, H', 1, dk), v (B, H', 1, Dv) -> (B, H', 1, Dv) f32, the
+    /// recurrence on s (B, H', M, Dv) and z (B, H', M), which it replaces.
+    pub fn step(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        feats: &FavorFeatures,
+        s: &mut Tensor,
+        z: &mut Tensor,
+    ) -> Tensor {
+        let [pq, pk, vf] = Self::features(q, k, v, feats);
+        let (o, s2, z2) = recurrent_step(
+            &pq.squeeze_dim(2), // (B, H', M)
+            &pk.squeeze_dim(2), // (B, H', M)
+            &vf.squeeze_dim(2), // (B, H', Dv)
+            s,
+            z,
+        );
+        *s = s2;
+        *z = z2;
+        o.unsqueeze(2) // (B, H', 1, Dv)
+    }
+}
+
+/// What [`host_favor_step`] reads, as host copies of the frozen factors of the FAVOR+ heads.
+pub(crate) struct HostFavor {
+    /// Per SineSPE code (one when shared).
+    pub codes: Vec<HostSine>,
+    /// Per layer, with a gated filter: a (H', D) and xi_b (H', D, R).
+    pub gates: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    /// Per layer: the frozen FAVOR+ projection.
+    pub features: Vec<HostFeatures>,
+}
+
+impl std::fmt::Debug for HostFavor {
+    /// Sizes only: the copies hold tens of thousands of numbers.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostFavor")
+            .field("codes", &self.codes.len())
+            .field("layers", &self.features.len())
+            .field("gated", &self.gates.iter().any(Option::is_some))
+            .finish()
+    }
+}
+
+/// A generation step of the FAVOR+ heads (hl..h) done on the host, in one pass per layer,
+/// instead of some forty small libtorch calls (SPE filter with its gate, feature maps,
+/// state update): the same math as [`crate::model::spe::spe_filter_with`], [`FavorFeatures::features`] and
+/// [`recurrent_step`], in f32, summed in another order. `qkv` is the layer's projection for
+/// this position, (B, 3 * H * D) rows; `code` is this position's (qbar, kbar) of the FAVOR+
+/// heads, each (H', D, R). The state s (B, H', M, D) and z (B, H', M) is updated in place
+/// (made contiguous first if it is not). Returns the outputs (B, H', D).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn host_favor_step(
+    qkv: &[f32],
+    batch: usize,
+    hl: usize,
+    h: usize,
+    dim: usize,
+    host: &HostFavor,
+    layer: usize,
+    code: &(Vec<f32>, Vec<f32>),
+    s: &mut Tensor,
+    z: &mut Tensor,
+) -> Vec<f32> {
+    let hf = h - hl;
+    let d_model = h * dim;
+    let r = code.0.len() / (hf * dim);
+    let feats = &host.features[layer];
+    let m = feats.num_features();
+    for t in [&mut *s, &mut *z] {
+        if !t.is_contiguous() {
+            *t = t.contiguous();
+        }
+    }
+    assert!(
+        [&*s, &*z].iter().all(|t| cpu_f32(t))
+            && s.numel() == batch * hf * m * dim
+            && z.numel() == batch * hf * m,
+        "FAVOR+ state of another shape, kind or device"
+    );
+    if batch == 0 {
+        // (an empty tensor's data pointer may be null)
+        return vec![];
+    }
+    let (sp, zp) = (s.data_ptr() as *mut f32, z.data_ptr() as *mut f32);
+    assert!(
+        sp.wrapping_add(s.numel()) <= zp || zp.wrapping_add(z.numel()) <= sp,
+        "FAVOR+ state tensors s and z share storage"
+    );
+    // SAFETY: contiguous f32 CPU tensors of the sizes checked above, not empty, whose
+    // storages do not overlap (checked above), owned by the state being stepped: a state
+    // begun, copied or selected holds tensors of its own, and a step updates them in place
+    // (no other Rust reference to their storage lives while these slices do).
+    let (sb, zb) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(sp, batch * hf * m * dim),
+            std::slice::from_raw_parts_mut(zp, batch * hf * m),
+        )
+    };
+    // queries and keys enter the features scaled by dk^-1/4, dk = R
+    let sc = (r as f64).powf(-0.25) as f32;
+    let (mut xq, mut xk) = (vec![0f32; r], vec![0f32; r]);
+    let (mut pq, mut pk) = (vec![0f32; m], vec![0f32; m]);
+    let mut out = vec![0f32; batch * hf * dim];
+    for b in 0..batch {
+        let row = &qkv[b * 3 * d_model..(b + 1) * 3 * d_model];
+        for j in 0..hf {
+            let head = hl + j;
+            let at = |part: usize| &row[part * d_model + head * dim..][..dim];
+            let gate = host.gates[layer]
+                .as_ref()
+                .map(|(a, xi)| (&a[j * dim..][..dim], &xi[j * dim * r..][..dim * r]));
+            host_filter(at(0), &code.0[j * dim * r..][..dim * r], gate, &mut xq);
+            host_filter(at(1), &code.1[j * dim * r..][..dim * r], gate, &mut xk);
+            xq.iter_mut().chain(xk.iter_mut()).for_each(|x| *x *= sc);
+            feats.phi(&xq, true, &mut pq);
+            feats.phi(&xk, false, &mut pk);
+            let st = b * hf + j;
+            host_recurrent_step(
+                &pq,
+                &pk,
+                at(2),
+                &mut sb[st * m * dim..][..m * dim],
+                &mut zb[st * m..][..m],
+                &mut out[st * dim..][..dim],
+            );
+        }
+    }
+    out
+}
