@@ -192,6 +192,7 @@ pub struct VocabArgs {
     pub config: Option<PathBuf>,
 }
 
+/// Prints the tokens (or ids) of a MIDI file, one per line.
 pub fn encode(a: EncodeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     let limits = a.limits.limits();
@@ -263,6 +264,7 @@ pub fn parse_tokens(
     Ok(ids)
 }
 
+/// Writes the MIDI file of a token file.
 pub fn decode(a: DecodeArgs) -> Result<i32> {
     crate::util::check_outputs(&[("tokens", &a.tokens)], &[("-o", &a.output)])?;
     let vocab = a.vocab.load()?;
@@ -287,6 +289,7 @@ pub fn decode(a: DecodeArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Prints a summary of a MIDI file.
 pub fn inspect(a: InspectArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     let limits = a.limits.limits();
@@ -340,6 +343,7 @@ pub fn inspect(a: InspectArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Tokenizes MIDI files and folders into a dataset; 2 with `--strict` when a file was skipped.
 pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     dataset::check_output_dir(&a.output, a.force)?;
@@ -399,6 +403,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     })
 }
 
+/// Writes a vocabulary JSON file.
 pub fn vocab(a: VocabArgs) -> Result<i32> {
     if let Some(c) = &a.config {
         crate::util::check_outputs(&[("--config", c)], &[("-o", &a.output)])?;
@@ -423,4 +428,40 @@ pub fn vocab(a: VocabArgs) -> Result<i32> {
         v.hash()
     );
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_filter_takes_cadenza_log_then_rust_log_then_the_default() {
+        let f = |v, c, r| log_filter(v, c, r).unwrap().to_string();
+        assert!(f(false, Some("cadenza=trace"), Some("error")).contains("cadenza=trace"));
+        assert!(!f(false, Some("cadenza=trace"), Some("error")).contains("error"));
+        assert!(f(false, None, Some("cadenza_core=error")).contains("cadenza_core=error"));
+        assert!(f(false, Some("  "), Some("cadenza_core=error")).contains("cadenza_core=error"));
+        let default = f(false, None, None);
+        assert!(default.contains("cadenza=info") && default.contains("warn"));
+        assert!(!default.contains("debug"));
+        let verbose = f(true, None, None);
+        for d in VERBOSE_LOG_DIRECTIVES {
+            assert!(verbose.contains(d), "{verbose}");
+        }
+    }
+
+    #[test]
+    fn a_bad_log_filter_is_an_error_naming_its_variable() {
+        let e = log_filter(false, Some("cadenza=loud"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("CADENZA_LOG") && e.contains("cadenza=loud"),
+            "{e}"
+        );
+        let e = log_filter(false, None, Some("=x="))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RUST_LOG"), "{e}");
+    }
 }

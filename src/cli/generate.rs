@@ -330,7 +330,7 @@ fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
     let mut out = Vec::new();
     for i in 0..n {
         let midi = numbered(&a.output, i, n);
-        out.push(("-o (its record)", midi.with_extension(RECORD_EXTENSION)));
+        out.push(("the record of -o", midi.with_extension(RECORD_EXTENSION)));
         out.push(("-o", midi));
         for (flag, p) in [
             ("--wav", &a.wav),
