@@ -12,10 +12,11 @@ out=docs/shipped
 mkdir -p $out
 rm -f $model/*.safetensors $model/state.json
 bash scripts/ship-model.sh "$run" $model
-data=$(python3 -c "import json,sys; print(json.load(open('$model/config.json'))['dataset'])")
+# config.json names the dataset relative to the model folder
+data=$(python3 -c "import json,os,sys; m=sys.argv[1]; print(os.path.normpath(os.path.join(m, json.load(open(os.path.join(m, 'config.json')))['dataset'])))" "$model")
 $bin eval --model $model --max-len 512 --bin 128 --json $out/eval.json --png $out/eval.png > $out/eval.txt
 $bin continue-eval --model $model --pieces 150 --prompt-bars 4 --bars 8 --seed 1 \
   --json $out/continuation.json > $out/continuation.txt
 bash scripts/generated-stats.sh $model $out
-python3 scripts/model-card.py > $model/MODEL_CARD.md
+python3 scripts/model-card.py > $model/README.md
 echo "after-shipped: done"

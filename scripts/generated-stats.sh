@@ -12,7 +12,8 @@ model=${1:-models/cadenza-small}
 out=${2:-docs/shipped}
 bin=target/release/cadenza
 mkdir -p "$out"
-data=$(python3 -c "import json,sys; print(json.load(open('$model/config.json'))['dataset'])")
+# config.json names the dataset relative to the model folder
+data=$(python3 -c "import json,os,sys; m=sys.argv[1]; print(os.path.normpath(os.path.join(m, json.load(open(os.path.join(m, 'config.json')))['dataset'])))" "$model")
 cargo build --release --quiet --example phrase_limits
 rm -rf out/gen && mkdir -p out/gen
 $bin generate --model $model --tokens 3072 --num-samples 8 --seed 7 -o out/gen/sample.mid > $out/generate.txt

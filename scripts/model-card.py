@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes models/cadenza-small/MODEL_CARD.md (to stdout) from the shipped
-files and the measurements of scripts/after-shipped.sh (docs/shipped/).
-Standard library only. Every figure in the card comes from those files."""
+"""Writes models/cadenza-small/README.md, the model card (to stdout), from the
+shipped files and the measurements of scripts/after-shipped.sh (docs/shipped/):
+YAML front matter as the Hugging Face Hub reads it, then the card. Standard
+library only. Every figure in the card comes from those files."""
 import json
 import os
 import struct
@@ -103,8 +104,71 @@ def reference_block():
             "are what this one adds to it.\n")
 
 
+# The Hub's metadata. The licence is "other": the code that trains and runs
+# the model is MIT, but the training data carries the licences of its sources
+# (/work/shared/corpus/README.md), summed up in the card's "Licence" section.
+FRONT_MATTER = """---
+license: other
+license_name: mit-code-research-data
+library_name: cadenza
+pipeline_tag: other
+tags:
+- symbolic-music
+- music-generation
+- midi
+- remi
+- performer
+- favor-plus
+- linear-attention
+- stochastic-positional-encoding
+- safetensors
+datasets:
+- music21-corpus
+- essen-folksong
+- oneills-1850
+---
+"""
+
+
+def use_and_files(gen):
+    """The "Use", "Files" and "Licence" sections; `gen` is generation_config.json."""
+    g = gen or {}
+    return f"""## Use
+
+```sh
+cadenza generate --model models/cadenza-small --prompt midi_samples/oneills-jig-6-8.mid \\
+  --prompt-bars 8 --seed 1 -o out/jig.mid
+```
+
+`generate` writes `out/jig.json` beside the piece: the model's hashes, the
+seed, every sampling setting, the prompt and why it stopped, enough to make
+the same piece again.
+
+## Files
+
+| file | what |
+| --- | --- |
+| `model.safetensors` | the weights (f32) |
+| `config.json` | model and training configuration, vocabulary hash, the dataset relative to this folder |
+| `generation_config.json` | the sampling defaults of `cadenza generate` (each key is the flag of the same name; flags win): temperature {g.get('temperature', '-')}, top-p {g.get('top_p', '-')}, top-k {g.get('top_k', '-')}, {g.get('tokens', '-')} tokens, repetition guard {'on' if g.get('repetition_guard', True) else 'off'} |
+| `vocab.json` | the REMI vocabulary it was trained with |
+| `state.json` | the step and losses of the weights shipped |
+| `metrics.jsonl`, `loss.png` | the training log and its loss curves |
+
+## Licence
+
+The code that trains and runs this model is MIT. The weights are learned from
+the shared corpus's `classical/` and `folk/` folders, whose sources set their
+own terms: the music21 corpus per repertory (research use, some
+non-commercial), the Essen folk songs of unclear status (research use), the
+Irish and Scottish collections in the public domain. Read them before using
+the model beyond research.
+"""
+
+
 def main():
     cfg = load(os.path.join(MODEL, "config.json"))
+    gen = load(os.path.join(MODEL, "generation_config.json"))
     state = load(os.path.join(MODEL, "state.json"), {})
     vocab = load(os.path.join(MODEL, "vocab.json"), {})
     ev = load(os.path.join(OUT, "eval.json"), {})
@@ -135,6 +199,7 @@ def main():
         return (f"| {name} | {num(p.get('nll'))} | {pct(p.get('top1'))} | {num(mm)} | {num(ts)} | "
                 f"{num(ratio, '{:.2f}x')} | {num(b.get('loss'))} |")
 
+    print(FRONT_MATTER)
     print(f"""# cadenza-small
 
 A decoder-only Performer (FAVOR+ causal linear attention) with gated SineSPE,
@@ -233,6 +298,7 @@ target/release/cadenza train -o runs/shipped --resume  # after a stop: continues
 bash scripts/after-shipped.sh runs/shipped             # ships best/ here and measures it
 ```
 """)
+    print(use_and_files(gen), end="")
 
 
 if __name__ == "__main__":

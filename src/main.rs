@@ -7,7 +7,11 @@
 //! `--help` and `--version`, is handed to `cadenza-torch`, the full command
 //! line, which is built and installed next to this binary, with the same
 //! arguments (on Unix by `exec`: its exit status, signals and terminal are
-//! those of the command the user typed).
+//! those of the command the user typed). `completions` is handed over too:
+//! its scripts cover the full command tree, which only `cadenza-torch` has.
+//!
+//! Both binaries log through the same subscriber
+//! (`cadenza_core::commands::init_logging`): `-v` or `CADENZA_LOG`/`RUST_LOG`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -16,12 +20,14 @@ use std::process::Command as Process;
 use cadenza_core::commands as tokens;
 use clap::{Parser, Subcommand};
 
+/// The model-free part of the command line.
 #[derive(Parser, Debug)]
 #[command(name = "cadenza", version)]
 struct Cli {
     /// Print debug logs.
     #[arg(long, short, global = true)]
     verbose: bool,
+    /// The command to run.
     #[command(subcommand)]
     command: Light,
 }
@@ -117,7 +123,8 @@ fn main() {
     cadenza_core::util::quiet_on_broken_pipe();
     let args: Vec<OsString> = std::env::args_os().collect();
     let result = if runs_here(&args) {
-        run(Cli::parse_from(&args))
+        let cli = Cli::parse_from(&args);
+        cadenza_core::commands::init_logging(cli.verbose).and_then(|()| run(cli))
     } else {
         hand_over(&args)
     };
@@ -152,6 +159,7 @@ mod tests {
             vec!["cadenza", "-v", "generate"],
             vec!["cadenza", "render", "x.mid"],
             vec!["cadenza", "help", "encode"],
+            vec!["cadenza", "completions", "bash"],
         ] {
             assert!(!runs_here(&args(&a)), "{a:?}");
         }

@@ -945,6 +945,36 @@ fn generate_guards_its_inputs_outputs_and_memory() {
     assert_eq!(r.code, 1, "{}", r.all());
     assert!(r.stderr.contains("a-1.mid"), "{}", r.stderr);
     assert_eq!(std::fs::read(&p).unwrap(), scale_bytes());
+    // The record beside a piece (OUT.json) is an output like the others: not
+    // over the model's sampling defaults, nor over another output.
+    let defaults = run.join("generation_config.json");
+    let before = std::fs::read(&defaults).unwrap();
+    let r = gen(&["-o", s(&run.join("generation_config.mid"))]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(
+        r.stderr.contains("refusing to overwrite an input"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(std::fs::read(&defaults).unwrap(), before);
+    let j = tmp.path().join("j.json");
+    let r = gen(&["-o", s(&tmp.path().join("j.mid")), "--tokens-out", s(&j)]);
+    assert_eq!(r.code, 1, "{}", r.all());
+    assert!(r.stderr.contains("same file"), "{}", r.stderr);
+    assert!(!j.exists());
+    // A corrupt generation_config.json is an error that names it, never a panic.
+    for bad in ["\u{0}\u{1}garbage", "[1, 2]", r#"{"temperature": -1}"#] {
+        std::fs::write(&defaults, bad).unwrap();
+        let r = gen(&["-o", s(&a)]);
+        assert_eq!(r.code, 1, "{bad}: {}", r.all());
+        assert!(
+            r.stderr.contains("generation_config.json"),
+            "{bad}: {}",
+            r.stderr
+        );
+        assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+    }
+    std::fs::write(&defaults, &before).unwrap();
 
     // A prompt with a 0x0FFFFFFF-tick gap at division 1: refused, fast.
     let gaps = tmp.path().join("gaps.mid");

@@ -279,6 +279,148 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     let text = gen(&["--allow-early-end", "--no-repetition-guard"]);
     assert!(text.contains("draw(s) (off)"), "{text}");
 
+    // The run folder names its dataset relative to itself, and its sampling
+    // defaults are generate's built-in ones.
+    let cfg: train::config::RunConfig =
+        checkpoint::read_json(&full.join(checkpoint::CONFIG_FILE)).unwrap();
+    assert!(!Path::new(&cfg.dataset).is_absolute(), "{}", cfg.dataset);
+    assert!(checkpoint::dataset_path(&full, &cfg)
+        .join(dataset::MANIFEST_FILE)
+        .is_file());
+    let (defaults, from) = checkpoint::read_generation_config(&full).unwrap();
+    assert_eq!(defaults, checkpoint::GenerationConfig::default());
+    assert_eq!(from, Some(full.join(checkpoint::GENERATION_CONFIG_FILE)));
+    // A checkpoint folder of the run reads the run's defaults.
+    let (_, from) = checkpoint::read_generation_config(&full.join(checkpoint::BEST_DIR)).unwrap();
+    assert_eq!(from, Some(full.join(checkpoint::GENERATION_CONFIG_FILE)));
+
+    // Every piece comes with a record that makes it again.
+    let run_cli = |args: &[String]| {
+        let out = Command::new(bin()).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    };
+    let piece = |name: &str| {
+        let out = tmp.path().join(format!("{name}.mid"));
+        let toks = tmp.path().join(format!("{name}.txt"));
+        (out, toks)
+    };
+    let (r1, t1) = piece("r1");
+    let mut first_args: Vec<String> = [
+        "generate",
+        "--model",
+        &full.display().to_string(),
+        "--prompt",
+        "midi_samples/oneills-reel-4-4.mid",
+        "--prompt-bars",
+        "2",
+        "--tokens",
+        "50",
+        "--seed",
+        "9",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.9",
+        "--max-same-pitch",
+        "3",
+        "--min-tokens",
+        "20",
+        "--device",
+        "cpu",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    first_args.extend([
+        "-o".into(),
+        r1.display().to_string(),
+        "--tokens-out".into(),
+        t1.display().to_string(),
+    ]);
+    run_cli(&first_args);
+    let rec: cadenza::cli::PieceRecord = checkpoint::read_json(&r1.with_extension("json")).unwrap();
+    assert_eq!(rec.seed, 9);
+    assert_eq!(rec.vocab_hash, vocab.hash());
+    assert_eq!(rec.sample_config.temperature, 0.9);
+    assert_eq!(rec.sample_config.top_k, 40);
+    assert_eq!(rec.sample_config.guard.max_same_pitch, 3);
+    assert_eq!(rec.sample_config.earliest_end, Some(20));
+    assert_eq!(rec.prompt.as_ref().and_then(|p| p.bars), Some(2));
+    assert_eq!(rec.model.weights_sha256.len(), 64);
+    assert_eq!(rec.command, rec.generate_args());
+    let (r2, t2) = piece("r2");
+    let mut again = rec.generate_args();
+    again.extend([
+        "-o".into(),
+        r2.display().to_string(),
+        "--tokens-out".into(),
+        t2.display().to_string(),
+    ]);
+    run_cli(&again);
+    assert_eq!(
+        std::fs::read_to_string(&t1).unwrap(),
+        std::fs::read_to_string(&t2).unwrap(),
+        "the record's settings make the same piece"
+    );
+    let rec2: cadenza::cli::PieceRecord =
+        checkpoint::read_json(&r2.with_extension("json")).unwrap();
+    assert_eq!(rec2.command, rec.command);
+    assert_eq!(rec2.tokens, rec.tokens);
+
+    // generation_config.json gives the defaults; flags win over it.
+    std::fs::write(
+        full.join(checkpoint::GENERATION_CONFIG_FILE),
+        r#"{"tokens": 30, "temperature": 0.5, "repetition_guard": false}"#,
+    )
+    .unwrap();
+    let (r3, _) = piece("r3");
+    let base = |o: &Path| -> Vec<String> {
+        vec![
+            "generate".into(),
+            "--model".into(),
+            full.display().to_string(),
+            "--device".into(),
+            "cpu".into(),
+            "-o".into(),
+            o.display().to_string(),
+        ]
+    };
+    run_cli(&base(&r3));
+    let rec: cadenza::cli::PieceRecord = checkpoint::read_json(&r3.with_extension("json")).unwrap();
+    assert_eq!(rec.sample_config.max_tokens, 30);
+    assert_eq!(rec.sample_config.temperature, 0.5);
+    assert!(!rec.sample_config.guard.enabled);
+    assert_eq!(
+        rec.sample_config.top_p, 0.95,
+        "keys left out keep their defaults"
+    );
+    assert!(rec.model.generation_config.is_some());
+    let mut flags = base(&r3);
+    flags.extend(["--tokens".into(), "12".into()]);
+    run_cli(&flags);
+    let rec: cadenza::cli::PieceRecord = checkpoint::read_json(&r3.with_extension("json")).unwrap();
+    assert_eq!(rec.sample_config.max_tokens, 12);
+    assert_eq!(rec.sample_config.temperature, 0.5);
+    // A corrupt file is an error that names it; a missing one means the
+    // built-in defaults.
+    for bad in [r#"{"tokens": 30"#, r#"{"top-p": 0.5}"#, r#"{"top_p": 7}"#] {
+        std::fs::write(full.join(checkpoint::GENERATION_CONFIG_FILE), bad).unwrap();
+        let out = Command::new(bin()).args(base(&r3)).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert!(err.contains("generation_config.json"), "{bad}: {err}");
+    }
+    std::fs::remove_file(full.join(checkpoint::GENERATION_CONFIG_FILE)).unwrap();
+    let mut flags = base(&r3);
+    flags.extend(["--tokens".into(), "12".into()]);
+    run_cli(&flags);
+    let rec: cadenza::cli::PieceRecord = checkpoint::read_json(&r3.with_extension("json")).unwrap();
+    assert_eq!(rec.sample_config.temperature, 1.0);
+    assert!(rec.sample_config.guard.enabled);
+    assert!(rec.model.generation_config.is_none());
+
     // A vocabulary the model was not trained with is refused.
     let other = Vocab::new(tokenizer::RemiConfig {
         velocity_bins: 16,
@@ -593,4 +735,48 @@ fn export_probe_writes_the_training_batches_and_eval_windows() {
     assert_eq!(got[..k], want[..k]);
     // The folder is never overwritten.
     assert!(train::export_probe(&o, &probe).is_err());
+}
+
+#[test]
+fn shipped_model_folder_has_the_files_hub_users_expect() {
+    let dir = Path::new("models/cadenza-small");
+    let card = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    let front = card
+        .strip_prefix("---\n")
+        .and_then(|rest| rest.split_once("\n---\n"))
+        .map(|(front, _)| front)
+        .expect("README.md starts with YAML front matter");
+    for key in [
+        "license:",
+        "library_name:",
+        "tags:",
+        "datasets:",
+        "pipeline_tag:",
+    ] {
+        assert!(
+            front.lines().any(|l| l.starts_with(key)),
+            "no {key} in {front}"
+        );
+    }
+    assert!(!dir.join("MODEL_CARD.md").exists());
+    // Its sampling defaults are generate's built-in ones, so the demo's
+    // pieces do not change with the file.
+    let (g, from) = checkpoint::read_generation_config(dir).unwrap();
+    assert_eq!(g, checkpoint::GenerationConfig::default());
+    assert_eq!(from, Some(dir.join(checkpoint::GENERATION_CONFIG_FILE)));
+    // No path of the machine it was trained on.
+    let cfg: train::config::RunConfig =
+        checkpoint::read_json(&dir.join(checkpoint::CONFIG_FILE)).unwrap();
+    assert!(!Path::new(&cfg.dataset).is_absolute(), "{}", cfg.dataset);
+    for f in [
+        checkpoint::CONFIG_FILE,
+        checkpoint::GENERATION_CONFIG_FILE,
+        "README.md",
+    ] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        assert!(
+            !text.contains("/work/") && !text.contains("/home/"),
+            "{f} names a machine path"
+        );
+    }
 }

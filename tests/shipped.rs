@@ -13,7 +13,7 @@ const MODEL: &str = "models/cadenza-small";
 
 /// The validation loss the model card states (nats/token).
 fn card_val_loss() -> f64 {
-    let card = std::fs::read_to_string(Path::new(MODEL).join("MODEL_CARD.md")).unwrap();
+    let card = std::fs::read_to_string(Path::new(MODEL).join("README.md")).unwrap();
     let line = card
         .lines()
         .find(|l| l.contains("validation loss:"))

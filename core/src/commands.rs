@@ -1,13 +1,73 @@
-//! Commands around the tokenizer: encode, decode, inspect, tokenize, vocab.
+//! Commands around the tokenizer: encode, decode, inspect, tokenize, vocab,
+//! and the log subscriber both binaries start with ([`init_logging`]).
+//!
+//! What a command produces (tokens, tables, the files it wrote) goes to
+//! stdout; warnings, progress and details go to stderr through `tracing`,
+//! so a pipe such as `cadenza encode x.mid | wc -l` only ever sees tokens.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use tracing::{info, warn};
 
 use crate::midi;
 use crate::tokenizer::{self, dataset};
+
+/// The log filter used when neither `CADENZA_LOG` nor `RUST_LOG` is set:
+/// warnings from every crate, progress and summaries from cadenza's own.
+pub const DEFAULT_LOG_FILTER: &str = "warn,cadenza=info,cadenza_core=info,cadenza_torch=info";
+
+/// What `--verbose` adds on top of the filter: debug logs of cadenza's crates.
+pub const VERBOSE_LOG_DIRECTIVES: &[&str] =
+    &["cadenza=debug", "cadenza_core=debug", "cadenza_torch=debug"];
+
+/// The filter of [`init_logging`]: `CADENZA_LOG`, else `RUST_LOG`, else
+/// [`DEFAULT_LOG_FILTER`]; `verbose` raises cadenza's crates to debug.
+/// A filter that does not parse is an error that names its variable.
+pub fn log_filter(
+    verbose: bool,
+    cadenza_log: Option<&str>,
+    rust_log: Option<&str>,
+) -> Result<tracing_subscriber::EnvFilter> {
+    use tracing_subscriber::EnvFilter;
+    let (name, text) = match (cadenza_log, rust_log) {
+        (Some(c), _) if !c.trim().is_empty() => ("CADENZA_LOG", c),
+        (_, Some(r)) if !r.trim().is_empty() => ("RUST_LOG", r),
+        _ => ("the default filter", DEFAULT_LOG_FILTER),
+    };
+    let mut filter = EnvFilter::builder()
+        .parse(text)
+        .map_err(|e| anyhow::anyhow!("{name}={text:?} is not a log filter: {e}"))?;
+    if verbose {
+        for d in VERBOSE_LOG_DIRECTIVES {
+            filter = filter.add_directive(d.parse().expect("valid directive"));
+        }
+    }
+    Ok(filter)
+}
+
+/// Starts the one log subscriber of the process: compact lines on stderr
+/// (colour only on a terminal), no timestamps, filtered by [`log_filter`]
+/// from the environment.
+pub fn init_logging(verbose: bool) -> Result<()> {
+    let var = |n: &str| std::env::var(n).ok();
+    let filter = log_filter(
+        verbose,
+        var("CADENZA_LOG").as_deref(),
+        var("RUST_LOG").as_deref(),
+    )?;
+    tracing_subscriber::fmt()
+        .compact()
+        .without_time()
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("cannot start logging: {e}"))
+}
 
 /// Options shared by commands that tokenize.
 #[derive(clap::Args, Debug, Clone)]
@@ -19,6 +79,7 @@ pub struct VocabOpt {
 }
 
 impl VocabOpt {
+    /// The vocabulary of `--vocab`, or the built-in default.
     pub fn load(&self) -> Result<tokenizer::Vocab> {
         match &self.vocab {
             Some(p) => tokenizer::Vocab::load(p),
@@ -45,6 +106,7 @@ pub struct LimitOpt {
 }
 
 impl LimitOpt {
+    /// The limits these flags give.
     pub fn limits(&self) -> crate::limits::Limits {
         crate::limits::Limits {
             max_file_bytes: self.max_file_mb.saturating_mul(1 << 20),
@@ -55,6 +117,7 @@ impl LimitOpt {
     }
 }
 
+/// `cadenza encode`: print the REMI tokens of a MIDI file.
 #[derive(clap::Args, Debug)]
 pub struct EncodeArgs {
     /// MIDI file.
@@ -68,6 +131,7 @@ pub struct EncodeArgs {
     pub limits: LimitOpt,
 }
 
+/// `cadenza decode`: turn a token file into MIDI.
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
     /// Token file: token strings (or ids) separated by whitespace.
@@ -81,6 +145,7 @@ pub struct DecodeArgs {
     pub limits: LimitOpt,
 }
 
+/// `cadenza inspect`: summarize a MIDI file.
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
     /// MIDI file.
@@ -91,6 +156,7 @@ pub struct InspectArgs {
     pub limits: LimitOpt,
 }
 
+/// `cadenza tokenize`: MIDI files and folders into a dataset.
 #[derive(clap::Args, Debug)]
 pub struct TokenizeArgs {
     /// MIDI files and folders (searched recursively for .mid/.midi).
@@ -115,6 +181,7 @@ pub struct TokenizeArgs {
     pub limits: LimitOpt,
 }
 
+/// `cadenza vocab`: write the tokenizer's vocabulary as JSON.
 #[derive(clap::Args, Debug)]
 pub struct VocabArgs {
     /// Output JSON file.
@@ -125,19 +192,20 @@ pub struct VocabArgs {
     pub config: Option<PathBuf>,
 }
 
+/// Prints the tokens (or ids) of a MIDI file, one per line.
 pub fn encode(a: EncodeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     let limits = a.limits.limits();
     let (score, report) = midi::read_file_with(&a.file, &limits)?;
     for w in report.warnings() {
-        eprintln!("warning: {}: {w}", a.file.display());
+        warn!("{}: {w}", a.file.display());
     }
     let (ids, q) = tokenizer::encode(&score, &vocab);
     limits
         .check_tokens(ids.len())
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     for w in q.warnings() {
-        eprintln!("warning: {}: {w}", a.file.display());
+        warn!("{}: {w}", a.file.display());
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for id in ids {
@@ -196,14 +264,15 @@ pub fn parse_tokens(
     Ok(ids)
 }
 
+/// Writes the MIDI file of a token file.
 pub fn decode(a: DecodeArgs) -> Result<i32> {
     crate::util::check_outputs(&[("tokens", &a.tokens)], &[("-o", &a.output)])?;
     let vocab = a.vocab.load()?;
     let ids = read_token_file_with(&a.tokens, &vocab, &a.limits.limits())?;
     let (score, report) = tokenizer::decode(&ids, &vocab);
     if !report.is_clean() {
-        eprintln!(
-            "warning: {}: {} token(s) skipped by the grammar, {} after EOS",
+        warn!(
+            "{}: {} token(s) skipped by the grammar, {} after EOS",
             a.tokens.display(),
             report.skipped,
             report.after_eos
@@ -220,6 +289,7 @@ pub fn decode(a: DecodeArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Prints a summary of a MIDI file.
 pub fn inspect(a: InspectArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     let limits = a.limits.limits();
@@ -273,6 +343,7 @@ pub fn inspect(a: InspectArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Tokenizes MIDI files and folders into a dataset; 2 with `--strict` when a file was skipped.
 pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
     dataset::check_output_dir(&a.output, a.force)?;
@@ -301,7 +372,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let secs = t0.elapsed().as_secs_f64();
     if writer.pieces() == 0 {
         for s in writer.skipped() {
-            eprintln!("skipped {}: {}", s.path, s.reason);
+            warn!("skipped {}: {}", s.path, s.reason);
         }
         bail!(
             "none of the {} input file(s) could be tokenized; no dataset written to {}",
@@ -311,9 +382,9 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     }
     let m = writer.finish()?;
     for s in &m.skipped {
-        eprintln!("skipped {}: {}", s.path, s.reason);
+        warn!("skipped {}: {}", s.path, s.reason);
     }
-    println!(
+    info!(
         "{} pieces, {} tokens, {} notes from {} files in {:.1} s ({:.0} files/s); {} skipped; {} with warnings",
         m.pieces,
         m.tokens,
@@ -332,6 +403,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     })
 }
 
+/// Writes a vocabulary JSON file.
 pub fn vocab(a: VocabArgs) -> Result<i32> {
     if let Some(c) = &a.config {
         crate::util::check_outputs(&[("--config", c)], &[("-o", &a.output)])?;
@@ -356,4 +428,40 @@ pub fn vocab(a: VocabArgs) -> Result<i32> {
         v.hash()
     );
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_filter_takes_cadenza_log_then_rust_log_then_the_default() {
+        let f = |v, c, r| log_filter(v, c, r).unwrap().to_string();
+        assert!(f(false, Some("cadenza=trace"), Some("error")).contains("cadenza=trace"));
+        assert!(!f(false, Some("cadenza=trace"), Some("error")).contains("error"));
+        assert!(f(false, None, Some("cadenza_core=error")).contains("cadenza_core=error"));
+        assert!(f(false, Some("  "), Some("cadenza_core=error")).contains("cadenza_core=error"));
+        let default = f(false, None, None);
+        assert!(default.contains("cadenza=info") && default.contains("warn"));
+        assert!(!default.contains("debug"));
+        let verbose = f(true, None, None);
+        for d in VERBOSE_LOG_DIRECTIVES {
+            assert!(verbose.contains(d), "{verbose}");
+        }
+    }
+
+    #[test]
+    fn a_bad_log_filter_is_an_error_naming_its_variable() {
+        let e = log_filter(false, Some("cadenza=loud"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("CADENZA_LOG") && e.contains("cadenza=loud"),
+            "{e}"
+        );
+        let e = log_filter(false, None, Some("=x="))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RUST_LOG"), "{e}");
+    }
 }

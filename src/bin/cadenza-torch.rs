@@ -1,18 +1,14 @@
+//! `cadenza-torch`: the full command line (`cadenza::cli`), which the
+//! libtorch-free `cadenza` binary hands every model command to.
+
 use clap::Parser;
 
 fn main() {
     cadenza::util::quiet_on_broken_pipe();
     let cli = cadenza::cli::Cli::parse();
-    let filter = if cli.verbose { "debug" } else { "warn" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CADENZA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
-        )
-        .with_writer(std::io::stderr)
-        .without_time()
-        .init();
-    match cadenza::cli::run(cli) {
+    let result =
+        cadenza_core::commands::init_logging(cli.verbose).and_then(|()| cadenza::cli::run(cli));
+    match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -1,9 +1,18 @@
-//! Commands that make music: generate, render.
+//! Commands that make music: generate, render, stats.
+//!
+//! `generate` takes its sampling settings from the flags, then the model's
+//! `generation_config.json`, then the built-in defaults, and writes beside
+//! every piece `OUT.json` ([`PieceRecord`]): the model's hashes, the seed,
+//! every setting, the prompt and what happened, enough to make the piece
+//! again. Like every output, it is checked against the inputs before the
+//! model runs and written atomically.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
 
 use crate::midi;
 use crate::render;
@@ -11,6 +20,9 @@ use crate::sample::{self, pieces, SampleConfig};
 use crate::tokenizer;
 use crate::train::checkpoint;
 
+/// `cadenza generate`. The sampling flags without a default here take the
+/// model's `generation_config.json` when it has one, else the built-in
+/// defaults shown in their help ([`checkpoint::GenerationConfig`]).
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
     /// Trained run folder or shipped model folder (e.g. models/cadenza-small).
@@ -24,9 +36,9 @@ pub struct GenerateArgs {
     pub prompt_bars: Option<usize>,
     /// Tokens to generate after the prompt: every piece gets exactly this
     /// many (the model may not end it sooner) unless --allow-early-end,
-    /// --min-tokens or --max-bars says otherwise.
-    #[arg(long, default_value_t = 3072)]
-    pub tokens: usize,
+    /// --min-tokens or --max-bars says otherwise [default: 3072].
+    #[arg(long)]
+    pub tokens: Option<usize>,
     /// Let the model end a piece (EOS) before --tokens.
     #[arg(long)]
     pub allow_early_end: bool,
@@ -44,29 +56,33 @@ pub struct GenerateArgs {
     /// within its last 256 notes).
     #[arg(long)]
     pub no_repetition_guard: bool,
-    /// Repetition guard: longest note, in quarter notes (0 = no limit).
-    #[arg(long, default_value_t = 16.0)]
-    pub max_note_quarters: f64,
+    /// Repetition guard: longest note, in quarter notes (0 = no limit)
+    /// [default: 16].
+    #[arg(long)]
+    pub max_note_quarters: Option<f64>,
     /// Repetition guard: most notes in a row of one pitch on one instrument;
-    /// drums are exempt (0 = no limit).
-    #[arg(long, default_value_t = 8)]
-    pub max_same_pitch: usize,
+    /// drums are exempt (0 = no limit) [default: 8].
+    #[arg(long)]
+    pub max_same_pitch: Option<usize>,
     /// Repetition guard: how often one instrument may play a phrase of 8
     /// pitches within its last 256 notes; drums are exempt (0 = no limit;
-    /// loop-based styles such as video-game music want 0 or a higher limit).
-    #[arg(long, default_value_t = 8)]
-    pub max_phrase_repeats: usize,
+    /// loop-based styles such as video-game music want 0 or a higher limit)
+    /// [default: 8].
+    #[arg(long)]
+    pub max_phrase_repeats: Option<usize>,
     /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ...
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f64,
-    /// Keep the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Nucleus sampling threshold (1 = off).
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f64,
+    /// Sampling temperature (1 = the model's distribution) [default: 1].
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// Keep the k most likely tokens (0 = off) [default: 0].
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Nucleus sampling threshold (1 = off) [default: 0.95].
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Seed of the sampling and of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Sample without the grammar constraint.
@@ -74,13 +90,14 @@ pub struct GenerateArgs {
     pub unconstrained: bool,
     /// Instruments the piece may use: `prompt` (those of the prompt; any
     /// when there is no prompt), `any`, or General MIDI program numbers and
-    /// `drums`, comma-separated (e.g. `0,33,drums`).
-    #[arg(long, default_value = "prompt")]
-    pub programs: String,
-    /// cpu, cuda, cuda:N or auto.
+    /// `drums`, comma-separated (e.g. `0,33,drums`) [default: prompt].
     #[arg(long)]
-    pub device: Option<String>,
-    /// Output MIDI file.
+    pub programs: Option<String>,
+    /// Device to run the model on: auto (CUDA when available), cpu, cuda or cuda:N.
+    #[arg(long)]
+    pub device: Option<super::DeviceArg>,
+    /// Output MIDI file; a record of how it was made (model, seed, every
+    /// setting) is written beside it as OUT.json.
     #[arg(short, long)]
     pub output: PathBuf,
     /// Also render audio (WAV) here.
@@ -107,6 +124,170 @@ pub struct GenerateArgs {
     pub limits: super::LimitOpt,
 }
 
+/// The settings of one `generate` run after flags, the model's
+/// `generation_config.json` and the built-in defaults are merged.
+#[derive(Debug, Clone, PartialEq)]
+struct Resolved {
+    tokens: usize,
+    earliest_end: Option<usize>,
+    max_bars: Option<usize>,
+    temperature: f64,
+    top_k: usize,
+    top_p: f64,
+    constrained: bool,
+    guard: sample::GuardConfig,
+    programs: String,
+}
+
+/// Flags first, then the file's values (`g`).
+fn resolve(a: &GenerateArgs, g: &checkpoint::GenerationConfig) -> Resolved {
+    let earliest_end = match (a.min_tokens, a.allow_early_end) {
+        (Some(m), _) => Some(m),
+        (None, true) => Some(0),
+        (None, false) => match (g.min_tokens, g.allow_early_end) {
+            (Some(m), _) => Some(m),
+            (None, true) => Some(0),
+            (None, false) => None,
+        },
+    };
+    Resolved {
+        tokens: a.tokens.unwrap_or(g.tokens),
+        earliest_end,
+        max_bars: a.max_bars.or(g.max_bars),
+        temperature: a.temperature.unwrap_or(g.temperature),
+        top_k: a.top_k.unwrap_or(g.top_k),
+        top_p: a.top_p.unwrap_or(g.top_p),
+        constrained: !a.unconstrained && g.constrained,
+        guard: sample::GuardConfig {
+            enabled: !a.no_repetition_guard && g.repetition_guard,
+            max_note_quarters: a.max_note_quarters.unwrap_or(g.max_note_quarters),
+            max_same_pitch: a.max_same_pitch.unwrap_or(g.max_same_pitch),
+            max_phrase_repeats: a.max_phrase_repeats.unwrap_or(g.max_phrase_repeats),
+        },
+        programs: a.programs.clone().unwrap_or_else(|| g.programs.clone()),
+    }
+}
+
+/// The extension of the record written beside every piece (`OUT.json`).
+pub const RECORD_EXTENSION: &str = "json";
+
+/// The model a piece came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRecord {
+    /// `--model` as given.
+    pub path: String,
+    /// SHA-256 of the weights (`model.safetensors`) sampled with.
+    pub weights_sha256: String,
+    /// SHA-256 of its `config.json`.
+    pub config_sha256: String,
+    /// The `generation_config.json` whose defaults applied, if any.
+    pub generation_config: Option<String>,
+}
+
+/// The prompt a piece continued.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptRecord {
+    /// `--prompt` as given.
+    pub path: String,
+    /// `--prompt-bars` (none: the whole file).
+    pub bars: Option<usize>,
+}
+
+/// What `generate` writes beside every piece (`OUT.json`): enough to make
+/// the same piece again ([`PieceRecord::generate_args`]). Its keys follow
+/// the studio's record (`model`, `prompt`, `sample`, `sample_config`,
+/// `prompt_tokens`, `tokens`, `stop`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PieceRecord {
+    /// The model sampled.
+    pub model: ModelRecord,
+    /// Hash of the vocabulary (`vocab.json`).
+    pub vocab_hash: String,
+    /// `--seed`.
+    pub seed: u64,
+    /// `--device` as resolved (e.g. `cpu`, `cuda:0`).
+    pub device: String,
+    /// None when the piece started from nothing.
+    pub prompt: Option<PromptRecord>,
+    /// This piece's number in its batch, from 1.
+    pub sample: usize,
+    /// `--num-samples`: the pieces of one batch are drawn together.
+    pub num_samples: usize,
+    /// `--programs` as applied (before the prompt's instruments replace `prompt`).
+    pub programs: String,
+    /// Every sampling setting, as the sampler took it.
+    pub sample_config: SampleConfig,
+    /// Tokens of BOS and the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens of the whole piece (prompt included).
+    pub tokens: usize,
+    /// Why sampling stopped.
+    pub stop: sample::Stop,
+    /// Draws the grammar replaced.
+    pub grammar_corrections: usize,
+    /// Draws the repetition guard changed.
+    pub guard_changes: usize,
+    /// The `generate` arguments that make this piece again (add `-o`).
+    pub command: Vec<String>,
+}
+
+impl PieceRecord {
+    /// The arguments of `cadenza generate` (without the program name and
+    /// the outputs) that sample this record's batch again, from its fields.
+    pub fn generate_args(&self) -> Vec<String> {
+        let c = &self.sample_config;
+        let mut v: Vec<String> = vec!["generate".into(), "--model".into(), self.model.path.clone()];
+        let mut flag = |f: &str, x: String| {
+            v.push(f.to_string());
+            v.push(x);
+        };
+        if let Some(p) = &self.prompt {
+            flag("--prompt", p.path.clone());
+            if let Some(b) = p.bars {
+                flag("--prompt-bars", b.to_string());
+            }
+        }
+        flag("--seed", self.seed.to_string());
+        flag("--device", self.device.clone());
+        flag("--num-samples", self.num_samples.to_string());
+        flag("--tokens", c.max_tokens.to_string());
+        flag("--temperature", c.temperature.to_string());
+        flag("--top-k", c.top_k.to_string());
+        flag("--top-p", c.top_p.to_string());
+        flag("--max-note-quarters", c.guard.max_note_quarters.to_string());
+        flag("--max-same-pitch", c.guard.max_same_pitch.to_string());
+        flag(
+            "--max-phrase-repeats",
+            c.guard.max_phrase_repeats.to_string(),
+        );
+        flag("--programs", self.programs.clone());
+        if let Some(b) = c.max_bars {
+            flag("--max-bars", b.to_string());
+        }
+        if let Some(m) = c.earliest_end {
+            flag("--min-tokens", m.to_string());
+        }
+        if !c.guard.enabled {
+            v.push("--no-repetition-guard".into());
+        }
+        if !c.constrained {
+            v.push("--unconstrained".into());
+        }
+        v
+    }
+}
+
+/// SHA-256 of a file, in hex; errors name it.
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `cadenza render`.
 #[derive(clap::Args, Debug)]
 pub struct RenderArgs {
     /// MIDI file.
@@ -117,8 +298,10 @@ pub struct RenderArgs {
     /// Also draw a piano roll (PNG) here.
     #[arg(long)]
     pub png: Option<PathBuf>,
+    /// General MIDI SoundFont (default: a system General MIDI SoundFont).
     #[arg(long)]
     pub soundfont: Option<PathBuf>,
+    /// Samples per second of the WAV file.
     #[arg(long, default_value_t = 44_100)]
     pub sample_rate: u32,
     #[command(flatten)]
@@ -146,7 +329,9 @@ fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
     let n = a.num_samples;
     let mut out = Vec::new();
     for i in 0..n {
-        out.push(("-o", numbered(&a.output, i, n)));
+        let midi = numbered(&a.output, i, n);
+        out.push(("the record of -o", midi.with_extension(RECORD_EXTENSION)));
+        out.push(("-o", midi));
         for (flag, p) in [
             ("--wav", &a.wav),
             ("--png", &a.png),
@@ -163,10 +348,11 @@ fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
 /// Refuses a generation whose estimated memory exceeds the budget.
 fn check_memory(
     a: &GenerateArgs,
+    tokens: usize,
     cfg: &crate::model::ModelConfig,
     prompt_len: usize,
 ) -> Result<()> {
-    let need = sample::estimate_bytes(cfg, a.num_samples, prompt_len, a.tokens);
+    let need = sample::estimate_bytes(cfg, a.num_samples, prompt_len, tokens);
     let (budget, source) = match a.max_memory_mb {
         Some(mb) => (mb as u128 * (1 << 20), "--max-memory-mb"),
         None => match crate::limits::available_memory() {
@@ -180,7 +366,7 @@ fn check_memory(
              more than {} MiB ({source}); generate fewer or shorter pieces, or raise \
              --max-memory-mb",
             a.num_samples,
-            a.tokens,
+            tokens,
             need >> 20,
             budget >> 20
         );
@@ -188,6 +374,7 @@ fn check_memory(
     Ok(())
 }
 
+/// Samples pieces and writes them, each with its record.
 pub fn generate(a: GenerateArgs) -> Result<i32> {
     if a.num_samples == 0 {
         bail!("--num-samples must be at least 1");
@@ -219,9 +406,17 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         if let Some(sf) = &a.soundfont {
             inputs.push(("--soundfont", sf));
         }
+        let gen_config = checkpoint::run_folder(&a.model).join(checkpoint::GENERATION_CONFIG_FILE);
+        inputs.push(("--model", &gen_config));
         crate::util::check_outputs(&inputs, &outs)?;
     }
-    let device = checkpoint::parse_device(a.device.as_deref())?;
+    let (defaults, defaults_file) = checkpoint::read_generation_config(&a.model)?;
+    if let Some(f) = &defaults_file {
+        debug!("sampling defaults from {}", f.display());
+    }
+    let r = resolve(&a, &defaults);
+    let device_name = super::device_name(a.device);
+    let device = checkpoint::parse_device(device_name.as_deref())?;
     crate::train::set_threads(0);
     // Fail early on a missing SoundFont rather than after sampling.
     let soundfont = match &a.wav {
@@ -238,7 +433,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             let name = p.display().to_string();
             let (ids, warnings) = pieces::prompt_body(&score, &report, vocab, &name)?;
             for w in warnings {
-                eprintln!("warning: {name}: {w}");
+                warn!("{name}: {w}");
             }
             ids
         }
@@ -254,30 +449,33 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             a.max_prompt_tokens
         );
     }
-    check_memory(&a, &m.config.model, prompt.len())?;
-    let programs = pieces::parse_programs(&a.programs, &sample::programs_of(vocab, &prompt))?;
+    check_memory(&a, r.tokens, &m.config.model, prompt.len())?;
+    let programs = pieces::parse_programs(&r.programs, &sample::programs_of(vocab, &prompt))?;
     let cfg = SampleConfig {
-        max_tokens: a.tokens,
-        max_bars: a.max_bars,
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
+        max_tokens: r.tokens,
+        max_bars: r.max_bars,
+        temperature: r.temperature,
+        top_k: r.top_k,
+        top_p: r.top_p,
         seed: a.seed,
-        constrained: !a.unconstrained,
-        earliest_end: match (a.min_tokens, a.allow_early_end) {
-            (Some(m), _) => Some(m),
-            (None, true) => Some(0),
-            (None, false) => None,
-        },
-        guard: sample::GuardConfig {
-            enabled: !a.no_repetition_guard,
-            max_note_quarters: a.max_note_quarters,
-            max_same_pitch: a.max_same_pitch,
-            max_phrase_repeats: a.max_phrase_repeats,
-        },
+        constrained: r.constrained,
+        earliest_end: r.earliest_end,
+        guard: r.guard.clone(),
         programs,
     };
-    let pb = indicatif::ProgressBar::new(a.tokens as u64);
+    debug!("sampling with {cfg:?}");
+    let model_record = ModelRecord {
+        path: a.model.display().to_string(),
+        weights_sha256: sha256_file(&m.dir.join(checkpoint::MODEL_FILE))?,
+        config_sha256: sha256_file(&m.run.join(checkpoint::CONFIG_FILE))?,
+        generation_config: defaults_file.map(|f| f.display().to_string()),
+    };
+    let device_used = match device {
+        tch::Device::Cpu => "cpu".to_string(),
+        tch::Device::Cuda(n) => format!("cuda:{n}"),
+        other => format!("{other:?}"),
+    };
+    let pb = indicatif::ProgressBar::new(r.tokens as u64);
     pb.set_style(
         indicatif::ProgressStyle::with_template(
             "{spinner} generating [{bar:30}] {pos}/{len} tokens {per_sec} ETA {eta}",
@@ -293,12 +491,15 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     let secs = t0.elapsed().as_secs_f64();
     let generated: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
     let guarded: usize = samples.iter().map(|s| s.guard_changes).sum();
+    info!(
+        "generated {generated} tokens in {secs:.1} s ({:.0} tokens/s)",
+        generated as f64 / secs.max(1e-9)
+    );
     // Every piece is written before anything is printed, so a reader that
     // stops early (`| head -1`, which ends the process) loses none of them.
     let mut report = vec![format!(
-        "generated {generated} tokens in {secs:.1} s ({:.0} tokens/s) after a {}-token prompt; \
+        "generated {generated} tokens after a {}-token prompt; \
          the repetition guard changed {guarded} draw(s){}",
-        generated as f64 / secs.max(1e-9),
         prompt.len(),
         if cfg.guard.enabled { "" } else { " (off)" }
     )];
@@ -312,6 +513,29 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             piano_roll: render::PianoRollOptions::default(),
         };
         let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref())?;
+        let mut record = PieceRecord {
+            model: model_record.clone(),
+            vocab_hash: vocab.hash().to_string(),
+            seed: a.seed,
+            device: device_used.clone(),
+            prompt: a.prompt.as_ref().map(|p| PromptRecord {
+                path: p.display().to_string(),
+                bars: a.prompt_bars,
+            }),
+            sample: i + 1,
+            num_samples: n,
+            programs: r.programs.clone(),
+            sample_config: cfg.clone(),
+            prompt_tokens: s.prompt_len,
+            tokens: s.tokens.len(),
+            stop: s.stop,
+            grammar_corrections: s.grammar_corrections,
+            guard_changes: s.guard_changes,
+            command: Vec::new(),
+        };
+        record.command = record.generate_args();
+        let record_path = files.midi.with_extension(RECORD_EXTENSION);
+        crate::util::write_json(&record_path, &record)?;
         report.push(format!(
             "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), \
              {} guard change(s), {} skipped token(s)",
@@ -324,6 +548,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             s.guard_changes,
             w.skipped
         ));
+        report.push(format!("{}: how it was made", record_path.display()));
         if let Some(path) = &files.tokens {
             report.push(format!("{}: tokens", path.display()));
         }
@@ -340,6 +565,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Renders a MIDI file to WAV (and a piano roll).
 pub fn render_cmd(a: RenderArgs) -> Result<i32> {
     {
         let mut inputs: Vec<(&str, &Path)> = vec![("input", &a.input)];
@@ -354,7 +580,7 @@ pub fn render_cmd(a: RenderArgs) -> Result<i32> {
     }
     let (score, report) = midi::read_file_with(&a.input, &a.limits.limits())?;
     for w in report.warnings() {
-        eprintln!("warning: {}: {w}", a.input.display());
+        warn!("{}: {w}", a.input.display());
     }
     let sf = render::find_soundfont(a.soundfont.as_deref())?;
     let opts = render::RenderOptions {
@@ -377,6 +603,7 @@ pub fn render_cmd(a: RenderArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// `cadenza stats`.
 #[derive(clap::Args, Debug)]
 pub struct StatsArgs {
     /// Generated MIDI files or folders.
@@ -386,8 +613,10 @@ pub struct StatsArgs {
     /// split, as training draws it with --seed and --val-fraction).
     #[arg(long, required = true, num_args = 1..)]
     pub real: Vec<PathBuf>,
+    /// Seed of the split of a --real dataset (the run's --seed).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Held-out share of a --real dataset (the run's val_fraction).
     #[arg(long, default_value_t = 0.05)]
     pub val_fraction: f64,
     /// At most this many real pieces, spread evenly over the list.
@@ -413,12 +642,13 @@ fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
     for (p, _) in files {
         match midi::read_file(&p) {
             Ok((s, _)) => out.push(s),
-            Err(e) => eprintln!("skipped {e}"),
+            Err(e) => warn!("skipped {e:#}"),
         }
     }
     Ok(out)
 }
 
+/// Compares music statistics of generated and real pieces (a table on stdout).
 pub fn stats(a: StatsArgs) -> Result<i32> {
     use crate::eval::stats;
     if let Some(m) = &a.markdown {

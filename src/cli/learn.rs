@@ -1,47 +1,65 @@
-//! Commands around the model: train, eval.
+//! Commands around the model: train, eval, continue-eval, export-probe,
+//! compare-eval.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use tracing::info;
+
+use super::{device_name, DeviceArg, Positional, Preset};
 use crate::train::{self, eval};
 
+/// What defines a run's configuration, shared by `train` and `export-probe`.
 #[derive(clap::Args, Debug)]
-pub struct TrainArgs {
+pub struct RunSpec {
     /// A dataset made by `cadenza tokenize`, or a folder of MIDI files.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Run folder: config, vocabulary, checkpoints, metrics, plots.
-    #[arg(short, long)]
-    pub output: PathBuf,
-    /// Model size: tiny, small or base.
-    #[arg(long)]
-    pub preset: Option<String>,
-    /// Positional encoding: spe-sine, spe-conv, ape or none.
-    #[arg(long)]
-    pub positional: Option<String>,
+    /// Model size (default: the config file's, else small).
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Positional encoding (default: the config file's, else the preset's).
+    #[arg(long, value_enum)]
+    pub positional: Option<Positional>,
     /// TOML file with `preset`, `positional`, `[model]` and `[train]` tables.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Optimizer steps of the whole schedule (default: the preset's).
     #[arg(long)]
     pub steps: Option<u64>,
+    /// Tokens per training window (default: the preset's).
     #[arg(long)]
     pub seq_len: Option<i64>,
+    /// Windows per optimizer step (default: the preset's).
     #[arg(long)]
     pub batch: Option<i64>,
+    /// Peak learning rate, reached after the warm-up (default: the preset's).
     #[arg(long)]
     pub lr: Option<f64>,
+    /// Seed of the split, the data order, the initial weights and every
+    /// random draw of training (default: 0).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// cpu, cuda, cuda:N or auto.
-    #[arg(long)]
-    pub device: Option<String>,
-    /// CPU threads for libtorch (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
     /// Vocabulary JSON (default: the built-in REMI+ vocabulary).
     #[arg(long)]
     pub vocab: Option<PathBuf>,
+}
+
+/// `cadenza train`.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    /// Run folder: config, vocabulary, checkpoints, metrics, plots.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub spec: RunSpec,
+    /// Device to train on: auto (CUDA when available), cpu, cuda or cuda:N.
+    #[arg(long)]
+    pub device: Option<DeviceArg>,
+    /// CPU threads for libtorch (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Continue the run in the output folder from its last checkpoint, on the
     /// schedule it started with (the same --steps; any other flag is refused).
     #[arg(long)]
@@ -57,6 +75,7 @@ pub struct TrainArgs {
     pub stop_after: Option<u64>,
 }
 
+/// `cadenza eval`.
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {
     /// Run folder (or model folder) to evaluate.
@@ -84,8 +103,9 @@ pub struct EvalArgs {
     /// Write the plot here (default: next to --json, or MODEL/eval.png).
     #[arg(long)]
     pub png: Option<PathBuf>,
+    /// Device to run the model on: auto (CUDA when available), cpu, cuda or cuda:N.
     #[arg(long)]
-    pub device: Option<String>,
+    pub device: Option<DeviceArg>,
     /// Seed of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -94,6 +114,7 @@ pub struct EvalArgs {
     pub threads: usize,
 }
 
+/// `cadenza continue-eval`.
 #[derive(clap::Args, Debug)]
 pub struct ContinueEvalArgs {
     /// Run folder (or model folder) to evaluate.
@@ -112,17 +133,21 @@ pub struct ContinueEvalArgs {
     /// At most this many pieces, spread evenly over the list.
     #[arg(long, default_value_t = 100)]
     pub pieces: usize,
+    /// Sampling temperature (1 = the model's distribution).
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f64,
+    /// Nucleus sampling threshold (1 = off).
     #[arg(long, default_value_t = 0.95)]
     pub top_p: f64,
+    /// Seed of the sampling and of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Device to run the model on: auto (CUDA when available), cpu, cuda or cuda:N.
     #[arg(long)]
-    pub device: Option<String>,
+    pub device: Option<DeviceArg>,
     /// CPU threads for libtorch (default: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -132,7 +157,7 @@ pub struct ContinueEvalArgs {
 /// continuations (key, density, range, repeated notes).
 pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     use crate::eval::continuation;
-    let device = train::checkpoint::parse_device(a.device.as_deref())?;
+    let device = train::checkpoint::parse_device(device_name(a.device).as_deref())?;
     train::set_threads(a.threads);
     let mut m = train::checkpoint::load_model(&a.model, device)?;
     m.model.freeze(a.seed);
@@ -160,7 +185,7 @@ pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
         &base,
         |i, n| {
             if i % 10 == 0 || i == n {
-                eprintln!("{i}/{n} pieces");
+                info!("{i}/{n} pieces");
             }
         },
     )
@@ -173,10 +198,18 @@ pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// `cadenza export-probe`: the options of a run, without training it.
 #[derive(clap::Args, Debug)]
 pub struct ExportArgs {
     #[command(flatten)]
-    pub run: TrainArgs,
+    pub spec: RunSpec,
+    /// Run folder: with --resume, the run whose saved configuration is
+    /// exported (otherwise unused).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Export the saved configuration of the run in --output.
+    #[arg(long, requires = "output")]
+    pub resume: bool,
     /// Folder to write the probe into (must not exist).
     #[arg(long)]
     pub probe: PathBuf,
@@ -185,39 +218,52 @@ pub struct ExportArgs {
 /// Writes a run's training batches and validation windows for reference models.
 pub fn export(a: ExportArgs) -> Result<i32> {
     let probe = a.probe.clone();
-    let opts = options(a.run);
+    let opts = train::TrainOptions {
+        run_dir: a.output.unwrap_or_default(),
+        resume: a.resume,
+        ..spec_options(a.spec)
+    };
     train::export_probe(&opts, &probe)?;
     println!("wrote {}", probe.display());
     Ok(0)
 }
 
+/// The training options a [`RunSpec`] gives (the rest at their defaults).
+fn spec_options(s: RunSpec) -> train::TrainOptions {
+    train::TrainOptions {
+        data: s.data,
+        preset: s.preset.as_ref().map(super::choice_name),
+        positional: s.positional.as_ref().map(super::choice_name),
+        config_file: s.config,
+        steps: s.steps,
+        seq_len: s.seq_len,
+        batch: s.batch,
+        lr: s.lr,
+        seed: s.seed,
+        vocab: s.vocab,
+        ..Default::default()
+    }
+}
+
 fn options(a: TrainArgs) -> train::TrainOptions {
     train::TrainOptions {
         run_dir: a.output.clone(),
-        data: a.data,
-        preset: a.preset,
-        positional: a.positional,
-        config_file: a.config,
-        steps: a.steps,
-        seq_len: a.seq_len,
-        batch: a.batch,
-        lr: a.lr,
-        seed: a.seed,
-        device: a.device,
-        vocab: a.vocab,
+        device: device_name(a.device),
         resume: a.resume,
         extend: a.extend,
         stop_after: a.stop_after,
         threads: a.threads,
         progress: true,
+        ..spec_options(a.spec)
     }
 }
 
+/// Trains (or resumes) a run.
 pub fn train(a: TrainArgs) -> Result<i32> {
     let output = a.output.clone();
     let opts = options(a);
     let s = train::train(&opts)?;
-    println!(
+    info!(
         "step {}: train loss {:.4}, validation loss {}, {:.0} tokens/s{}",
         s.steps_done,
         s.last_train_loss,
@@ -231,6 +277,7 @@ pub fn train(a: TrainArgs) -> Result<i32> {
     Ok(if s.interrupted { 130 } else { 0 })
 }
 
+/// Scores a model on held-out pieces: tables on stdout, plot and JSON on request.
 pub fn eval(a: EvalArgs) -> Result<i32> {
     if let (Some(j), Some(p)) = (&a.json, &a.png) {
         crate::util::check_outputs(&[], &[("--json", j), ("--png", p)])?;
@@ -242,7 +289,7 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
         bin: a.bin,
         min_len: a.min_len,
         max_pieces: a.max_pieces,
-        device: a.device,
+        device: device_name(a.device),
         seed: a.seed,
         threads: a.threads,
     })?;
@@ -283,6 +330,7 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// `cadenza compare-eval`.
 #[derive(clap::Args, Debug)]
 pub struct CompareArgs {
     /// Reports written by `cadenza eval --json`.
@@ -296,6 +344,7 @@ pub struct CompareArgs {
     pub markdown: Option<PathBuf>,
 }
 
+/// Plots and tabulates `eval --json` reports together.
 pub fn compare(a: CompareArgs) -> Result<i32> {
     {
         let inputs: Vec<(&str, &std::path::Path)> =

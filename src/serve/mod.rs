@@ -31,6 +31,7 @@ pub struct ServeArgs {
     /// Trained run folder or shipped model folder (e.g. models/cadenza-small).
     #[arg(long)]
     pub model: PathBuf,
+    /// Port to listen on.
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Address to listen on; anything but a loopback address makes the
@@ -53,9 +54,9 @@ pub struct ServeArgs {
     /// SoundFont for the audio (default: a system General MIDI SoundFont).
     #[arg(long)]
     pub soundfont: Option<PathBuf>,
-    /// cpu, cuda, cuda:N or auto.
+    /// Device to run the model on: auto (CUDA when available), cpu, cuda or cuda:N.
     #[arg(long)]
-    pub device: Option<String>,
+    pub device: Option<crate::cli::DeviceArg>,
     /// libtorch threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -146,7 +147,7 @@ pub fn start(opts: ServeOptions) -> Result<Server> {
     let soundfont = match crate::render::find_soundfont(opts.soundfont.as_deref()) {
         Ok(p) => Some(p),
         Err(e) if opts.soundfont.is_none() => {
-            eprintln!("warning: pieces will have no audio: {e:#}");
+            tracing::warn!("pieces will have no audio: {e:#}");
             None
         }
         Err(e) => return Err(e),
@@ -205,14 +206,14 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
         queue: a.queue,
         max_upload: a.max_upload_kib.saturating_mul(1024),
         soundfont: a.soundfont,
-        device: a.device,
+        device: a.device.map(|d| d.to_string()),
         threads: a.threads,
     };
     let out = opts.out.clone();
     let server = start(opts)?;
     if !server.addr().ip().is_loopback() {
-        eprintln!(
-            "warning: listening on {}: other machines can reach the studio",
+        tracing::warn!(
+            "listening on {}: other machines can reach the studio",
             server.addr()
         );
     }

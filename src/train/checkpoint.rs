@@ -2,11 +2,17 @@
 //!
 //! ```text
 //! RUN_DIR/config.json         resolved model + training config, vocabulary hash
+//!                             and the dataset, relative to RUN_DIR
+//! RUN_DIR/generation_config.json  sampling defaults of `generate` (GenerationConfig)
 //! RUN_DIR/vocab.json          the vocabulary the model was trained with
 //! RUN_DIR/checkpoint/         model.safetensors, optimizer.safetensors, state.json
 //! RUN_DIR/metrics.jsonl       one JSON object per step / validation
 //! RUN_DIR/loss.png            loss curves
 //! ```
+//! No machine's paths are written: `config.json` names the dataset relative
+//! to the run folder (an absolute path only where there is no relative one),
+//! and readers join it to the run folder ([`dataset_path`]).
+//!
 //! A checkpoint folder is written under a temporary name and renamed into
 //! place, so `checkpoint/` is always complete; the previous one is kept as
 //! `checkpoint.old/` until the new one is in place.
@@ -31,6 +37,8 @@ use crate::model::Transformer;
 use crate::tokenizer::Vocab;
 
 pub const CONFIG_FILE: &str = "config.json";
+/// Sampling defaults of the model ([`GenerationConfig`]), beside `config.json`.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 pub const VOCAB_FILE: &str = "vocab.json";
 pub const CHECKPOINT_DIR: &str = "checkpoint";
 /// The weights of the best validation loss (`--model RUN/best` uses them).
@@ -79,10 +87,7 @@ impl RunLock {
                     writeln!(f, "{me}")
                         .with_context(|| format!("cannot write {}", path.display()))?;
                     for p in crate::util::clean_stale_temps(run) {
-                        eprintln!(
-                            "warning: removed {} left by a process that was killed",
-                            p.display()
-                        );
+                        tracing::warn!("removed {} left by a process that was killed", p.display());
                     }
                     return Ok(RunLock { path });
                 }
@@ -100,8 +105,8 @@ impl RunLock {
                             );
                         }
                         _ => {
-                            eprintln!(
-                                "warning: {}: taking over the stale lock of process {} \
+                            tracing::warn!(
+                                "{}: taking over the stale lock of process {} \
                                  (no longer running)",
                                 run.display(),
                                 holder.map_or("?".to_string(), |p| p.to_string())
@@ -381,6 +386,159 @@ pub fn check_finite(weights: &Path, vs: &VarStore) -> Result<()> {
     Ok(())
 }
 
+/// The defaults `cadenza generate` samples with when a flag is not given
+/// (`generation_config.json`; every key is the flag of the same name, with
+/// `_` for `-`). Flags win over the file, the file over the built-in
+/// defaults ([`GenerationConfig::default`]), which are `generate`'s own.
+/// Keys left out keep their defaults; an unknown key is an error, so that a
+/// misspelt setting is not silently ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GenerationConfig {
+    /// `--tokens`: tokens generated after the prompt.
+    pub tokens: usize,
+    /// `--min-tokens`: the model may end a piece after this many tokens.
+    pub min_tokens: Option<usize>,
+    /// `--allow-early-end`: the model may end a piece anywhere.
+    pub allow_early_end: bool,
+    /// `--max-bars`: stop when the piece reaches this many bars.
+    pub max_bars: Option<usize>,
+    /// `--temperature`.
+    pub temperature: f64,
+    /// `--top-k` (0 = off).
+    pub top_k: usize,
+    /// `--top-p` (1 = off).
+    pub top_p: f64,
+    /// The grammar constraint (`--unconstrained` turns it off).
+    pub constrained: bool,
+    /// The repetition guard (`--no-repetition-guard` turns it off).
+    pub repetition_guard: bool,
+    /// `--max-note-quarters`.
+    pub max_note_quarters: f64,
+    /// `--max-same-pitch`.
+    pub max_same_pitch: usize,
+    /// `--max-phrase-repeats`.
+    pub max_phrase_repeats: usize,
+    /// `--programs`.
+    pub programs: String,
+}
+
+impl Default for GenerationConfig {
+    fn default() -> Self {
+        let s = crate::sample::SampleConfig::default();
+        GenerationConfig {
+            tokens: s.max_tokens,
+            min_tokens: None,
+            allow_early_end: false,
+            max_bars: s.max_bars,
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            constrained: s.constrained,
+            repetition_guard: s.guard.enabled,
+            max_note_quarters: s.guard.max_note_quarters,
+            max_same_pitch: s.guard.max_same_pitch,
+            max_phrase_repeats: s.guard.max_phrase_repeats,
+            programs: "prompt".into(),
+        }
+    }
+}
+
+impl GenerationConfig {
+    /// Checks every value as `generate` would check its flag.
+    pub fn validate(&self) -> Result<()> {
+        crate::sample::SampleConfig {
+            max_tokens: self.tokens,
+            max_bars: self.max_bars,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            guard: crate::sample::GuardConfig {
+                enabled: self.repetition_guard,
+                max_note_quarters: self.max_note_quarters,
+                max_same_pitch: self.max_same_pitch,
+                max_phrase_repeats: self.max_phrase_repeats,
+            },
+            ..Default::default()
+        }
+        .validate()?;
+        crate::sample::pieces::parse_programs(&self.programs, &[])?;
+        Ok(())
+    }
+}
+
+/// The folder that holds a model's `config.json`: `model` itself, or the run
+/// around it when `model` is one of its checkpoint folders (`RUN/best`).
+pub fn run_folder(model: &Path) -> &Path {
+    match model.parent() {
+        Some(parent)
+            if !model.join(CONFIG_FILE).is_file()
+                && model.join(MODEL_FILE).is_file()
+                && parent.join(CONFIG_FILE).is_file() =>
+        {
+            parent
+        }
+        _ => model,
+    }
+}
+
+/// The sampling defaults of the model in `model` (a run, one of its
+/// checkpoints, or a shipped folder), with the file they came from: the
+/// built-in defaults and `None` when it has no `generation_config.json`. A
+/// file that does not parse or holds a bad value is an error naming it.
+pub fn read_generation_config(model: &Path) -> Result<(GenerationConfig, Option<PathBuf>)> {
+    let path = run_folder(model).join(GENERATION_CONFIG_FILE);
+    if !path.exists() {
+        return Ok((GenerationConfig::default(), None));
+    }
+    let g: GenerationConfig = read_json(&path)?;
+    g.validate()
+        .with_context(|| format!("{}: bad sampling default", path.display()))?;
+    Ok((g, Some(path)))
+}
+
+/// Writes the built-in sampling defaults into run folder `run`, unless it has
+/// its own `generation_config.json` already (which is kept).
+pub fn write_generation_config(run: &Path) -> Result<()> {
+    let path = run.join(GENERATION_CONFIG_FILE);
+    if path.exists() {
+        return Ok(());
+    }
+    write_json(&path, &GenerationConfig::default())
+}
+
+/// `data` as `config.json` records it: relative to run folder `run` (both
+/// resolved), or absolute where they share no root.
+pub fn relative_dataset(run: &Path, data: &Path) -> String {
+    let (Ok(r), Ok(d)) = (run.canonicalize(), data.canonicalize()) else {
+        return data.display().to_string();
+    };
+    let rc: Vec<_> = r.components().collect();
+    let dc: Vec<_> = d.components().collect();
+    let common = rc.iter().zip(&dc).take_while(|(a, b)| a == b).count();
+    if common == 0 {
+        return d.display().to_string();
+    }
+    let mut rel = PathBuf::new();
+    for _ in common..rc.len() {
+        rel.push("..");
+    }
+    for c in &dc[common..] {
+        rel.push(c);
+    }
+    if rel.as_os_str().is_empty() {
+        ".".into()
+    } else {
+        rel.display().to_string()
+    }
+}
+
+/// Where the dataset a run's `config.json` records is: joined to the run
+/// folder (an absolute path, as older runs wrote, stays as it is).
+pub fn dataset_path(run: &Path, config: &RunConfig) -> PathBuf {
+    run.join(&config.dataset)
+}
+
 /// A trained model ready to use, with what it was trained with.
 pub struct LoadedModel {
     pub vs: VarStore,
@@ -388,7 +546,10 @@ pub struct LoadedModel {
     pub config: RunConfig,
     pub vocab: Vocab,
     pub state: Option<TrainState>,
+    /// The checkpoint folder the weights came from.
     pub dir: PathBuf,
+    /// The folder of `config.json` and `vocab.json` ([`run_folder`]).
+    pub run: PathBuf,
 }
 
 /// Loads a run folder (or a shipped model folder) onto `device`. Errors name
@@ -399,14 +560,8 @@ pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
     }
     // A checkpoint folder inside a run (RUN/best, RUN/checkpoint): the run's
     // config and vocabulary with these weights.
-    let (run, only) = match run.parent() {
-        Some(parent)
-            if !run.join(CONFIG_FILE).is_file()
-                && run.join(MODEL_FILE).is_file()
-                && parent.join(CONFIG_FILE).is_file() =>
-        {
-            (parent, Some(run.to_path_buf()))
-        }
+    let (run, only) = match run_folder(run) {
+        parent if parent != run => (parent, Some(run.to_path_buf())),
         _ => (run, None),
     };
     let config: RunConfig = read_json(&run.join(CONFIG_FILE))?;
@@ -446,6 +601,7 @@ pub fn load_model(run: &Path, device: Device) -> Result<LoadedModel> {
         vocab,
         state,
         dir: ckpt,
+        run: run.to_path_buf(),
     })
 }
 

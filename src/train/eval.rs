@@ -86,7 +86,7 @@ pub fn spread<T>(items: Vec<T>, n: usize) -> Vec<T> {
 /// The pieces to evaluate: the run's held-out split of its own dataset, or
 /// every piece of another dataset, or MIDI files tokenized on the fly.
 pub fn eval_pieces(data: &[PathBuf], m: &LoadedModel) -> Result<(String, Vec<data::PieceTokens>)> {
-    let own = PathBuf::from(&m.config.dataset);
+    let own = checkpoint::dataset_path(&m.run, &m.config);
     let single = match data {
         [] => Some(own.clone()),
         [one] if one.join(crate::tokenizer::dataset::MANIFEST_FILE).is_file() => Some(one.clone()),
@@ -126,8 +126,8 @@ pub fn eval_pieces(data: &[PathBuf], m: &LoadedModel) -> Result<(String, Vec<dat
                 ids.push(crate::tokenizer::EOS_ID);
                 pieces.push(data::PieceTokens::new(source.clone(), ids));
             }
-            Ok(_) => eprintln!("skipped {}: no notes", path.display()),
-            Err(e) => eprintln!(
+            Ok(_) => tracing::warn!("skipped {}: no notes", path.display()),
+            Err(e) => tracing::warn!(
                 "skipped {}: {}",
                 path.display(),
                 crate::tokenizer::dataset::skip_reason(path, &format!("{e:#}"))

@@ -98,7 +98,7 @@ pub fn resolve_dataset(data: &Path, run_dir: &Path, vocab: &Vocab) -> Result<Pat
             dataset::MANIFEST_FILE
         );
     }
-    eprintln!(
+    tracing::info!(
         "tokenizing {} MIDI files from {} ...",
         files.len(),
         data.display()
@@ -107,7 +107,7 @@ pub fn resolve_dataset(data: &Path, run_dir: &Path, vocab: &Vocab) -> Result<Pat
     writer.tokenize(&files, &crate::limits::Limits::default(), &|| {})?;
     let m = writer.finish()?;
     for s in &m.skipped {
-        eprintln!("skipped {}: {}", s.path, s.reason);
+        tracing::warn!("skipped {}: {}", s.path, s.reason);
     }
     Ok(out)
 }
@@ -535,7 +535,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     }
     let data_path = match (&o.data, o.resume) {
         (Some(d), _) => resolve_dataset(d, run, &vocab)?,
-        (None, true) => PathBuf::from(&cfg.dataset),
+        (None, true) => checkpoint::dataset_path(run, &cfg),
         (None, false) => bail!("--data is required for a new run"),
     };
     let ds = Dataset::open(&data_path)?;
@@ -547,11 +547,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             vocab.hash()
         );
     }
-    cfg.dataset = data_path
-        .canonicalize()
-        .unwrap_or(data_path.clone())
-        .display()
-        .to_string();
+    cfg.dataset = checkpoint::relative_dataset(run, &data_path);
     if !o.resume {
         checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
         vocab.save(&run.join(VOCAB_FILE))?;
@@ -559,6 +555,9 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         // The new schedule length is part of the run from now on.
         checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
     }
+    // The sampling defaults `generate` reads beside the config (a run
+    // resumed from before they existed gets them too; one edited is kept).
+    checkpoint::write_generation_config(run)?;
     if let Some(t) = o.threads {
         cfg.train.threads = t;
     }
@@ -687,7 +686,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
                 let spent = started.elapsed().as_secs_f64();
                 let left = (last_step - state.step) as f64 * spent
                     / (state.step - start_step).max(1) as f64;
-                eprintln!(
+                tracing::info!(
                     "step {}/{}: train {last_loss:.4} val {v:.4}{} lr {lr:.2e} {tps:.0} tok/s, {} elapsed, {} to go",
                     state.step,
                     tc.steps,

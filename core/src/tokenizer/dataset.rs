@@ -312,10 +312,7 @@ impl<'v> DatasetWriter<'v> {
         let made_dir = !dir.exists();
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         for p in crate::util::clean_stale_temps(dir) {
-            eprintln!(
-                "warning: removed {} left by a process that was killed",
-                p.display()
-            );
+            tracing::warn!("removed {} left by a process that was killed", p.display());
         }
         let tmp = crate::util::temp_path(&dir.join(TOKENS_FILE))?;
         let file = std::fs::File::create(&tmp)
