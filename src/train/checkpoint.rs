@@ -491,7 +491,17 @@ pub fn read_generation_config(model: &Path) -> Result<(GenerationConfig, Option<
     if !path.exists() {
         return Ok((GenerationConfig::default(), None));
     }
-    let g: GenerationConfig = read_json(&path)?;
+    // serde takes a struct from a JSON array too (its fields in order): only
+    // an object names the settings it holds
+    let value: serde_json::Value = read_json(&path)?;
+    if !value.is_object() {
+        bail!(
+            "{}: expected a JSON object of sampling settings",
+            path.display()
+        );
+    }
+    let g: GenerationConfig = serde_json::from_value(value)
+        .with_context(|| format!("{}: unexpected content", path.display()))?;
     g.validate()
         .with_context(|| format!("{}: bad sampling default", path.display()))?;
     Ok((g, Some(path)))
