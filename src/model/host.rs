@@ -131,7 +131,7 @@ unsafe fn linear_avx2(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, 
 /// (one running sum would wait on its own latency at every step), x read once for the
 /// four, the four weight rows kept in L1 across the rows of x. The blocks of four are
 /// taken in pairs from the two halves of w, so that the weights come in two streams
-/// (2-4% faster at batch 1 than one stream, on the Xeon of the README's tables).
+/// (2-4% faster at batch 1 than one stream, on the Xeon of docs/benchmarks.md).
 #[inline(always)]
 fn linear_rows(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
     // (batch > 0: see `linear`)
