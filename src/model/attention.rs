@@ -29,6 +29,7 @@ use crate::model::config::{AttentionKind, LocalPosition, ModelConfig, Positional
 use crate::model::favor::FavorFeatures;
 use crate::model::favor_heads::FavorHeads;
 use crate::model::local::{host_step_ok, window_attention, KvRing, LocalHeads, UNBOUNDED};
+use crate::model::precision::dense;
 use crate::model::rope::{apply_rope, rope_tables};
 use crate::model::spe::{sine_filter, spe_filter_with, GateFactors, SineFactors};
 use crate::model::{as_kind, host_f32, linear, residual_std};
@@ -353,13 +354,13 @@ impl Attention {
         });
         let global = state.map(|s| &mut s.heads);
         let att = self.global_heads(&heads, local, noise, global, step); // (B, L, H, hd)
-        att.reshape([b, l, d]).apply(&self.out) // (B, L, d)
+        dense(&att.reshape([b, l, d]), &self.out) // (B, L, d)
     }
 
     /// (B, L, d) -> (B, L, 3d) projected q, k, v, through the short convolution when the
     /// layer has one (continuing and advancing `tail`).
     fn project(&self, x: &Tensor, tail: Option<&mut Tensor>) -> Tensor {
-        let qkv = x.apply(&self.qkv); // (B, L, 3d)
+        let qkv = dense(x, &self.qkv); // (B, L, 3d)
         match &self.conv {
             Some(w) => short_conv(&qkv, w, tail),
             None => qkv,

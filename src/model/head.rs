@@ -5,8 +5,9 @@
 //! legacy form) divides by sqrt(d): the embeddings enter scaled by sqrt(d), so the row of
 //! the current token would otherwise give a logit of about sqrt(d) at initialization.
 
-use tch::{nn, nn::Module, Kind, Tensor};
+use tch::{nn, Kind, Tensor};
 
+use crate::model::precision::{dense, dense_weight};
 use crate::model::{as_kind, layer_norm, linear, ModelConfig};
 
 /// The final norm and the projection to the vocabulary.
@@ -43,11 +44,11 @@ impl OutputHead {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let x = x.apply(&self.norm); // (B, L, d)
         let logits = match (&self.linear, self.scale) {
-            (Some(head), _) => head.forward(&x),
+            (Some(head), _) => dense(&x, head),
             // Legacy scaled tied head (see the module docs): starts near ln(V).
-            (None, Some(sc)) => x.matmul(&self.embed.tr()) * sc,
+            (None, Some(sc)) => dense_weight(&x, &self.embed, None) * sc,
             // GPT-2: logits = x E^T with E of std 0.02.
-            (None, None) => x.matmul(&self.embed.tr()),
+            (None, None) => dense_weight(&x, &self.embed, None),
         }; // (B, L, V)
         as_kind(&logits, Kind::Float)
     }

@@ -9,9 +9,16 @@
 //! the rows of the batch, with the vector width the CPU offers (chosen at run time, see
 //! [`dot`]).
 //!
+//! A bf16 model's host copies keep their weights as bf16 ([`Bf16`], half the bytes), which
+//! the same kernels widen to f32 as they read them: the activations and sums stay f32.
+//!
 //! Invariants: every function here computes what its libtorch counterpart does (`linear`,
 //! `layer_norm`, `gelu("none")`) up to the order of f32 sums; the tests check each one
 //! against libtorch.
+
+use std::sync::OnceLock;
+
+use crate::model::precision::{bf16_bits, bf16_to_f32, CpuBf16};
 
 /// The widest vector instructions this CPU has, of those the kernels are compiled for
 /// (the crate itself is built for the baseline x86-64, SSE2).
@@ -86,9 +93,40 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// `out = x w^T + bias` for `batch` rows: w (N, K) row-major (a `nn::Linear` weight),
-/// x (batch, K), out (batch, N). Each weight row is read once for every row of x.
-pub(crate) fn linear(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
+/// A weight element the kernels read: f32, or bf16 bits widened to f32 in the registers.
+pub(crate) trait Weight: Copy {
+    fn f32(self) -> f32;
+}
+
+impl Weight for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+/// bf16 bits (the top half of an f32), as the host copies of a bf16 model keep them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub(crate) struct Bf16(pub u16);
+
+impl Weight for Bf16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        bf16_to_f32(self.0)
+    }
+}
+
+/// `out = x w^T + bias` for `batch` rows: w (N, K) row-major (a `nn::Linear` weight), in
+/// f32 or bf16, x (batch, K) f32, out (batch, N) f32, summed in f32. Each weight row is
+/// read once for every row of x.
+pub(crate) fn linear<W: Weight>(
+    w: &[W],
+    bias: Option<&[f32]>,
+    x: &[f32],
+    batch: usize,
+    out: &mut [f32],
+) {
     if batch == 0 {
         assert!(x.is_empty() && out.is_empty(), "linear: rows for batch 0");
         return;
@@ -117,13 +155,25 @@ pub(crate) fn linear(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, o
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn linear_avx512(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
+unsafe fn linear_avx512<W: Weight>(
+    w: &[W],
+    bias: Option<&[f32]>,
+    x: &[f32],
+    batch: usize,
+    out: &mut [f32],
+) {
     linear_rows(w, bias, x, batch, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn linear_avx2(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
+unsafe fn linear_avx2<W: Weight>(
+    w: &[W],
+    bias: Option<&[f32]>,
+    x: &[f32],
+    batch: usize,
+    out: &mut [f32],
+) {
     linear_rows(w, bias, x, batch, out)
 }
 
@@ -133,7 +183,7 @@ unsafe fn linear_avx2(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, 
 /// taken in pairs from the two halves of w, so that the weights come in two streams
 /// (2-4% faster at batch 1 than one stream, on the Xeon of docs/benchmarks.md).
 #[inline(always)]
-fn linear_rows(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
+fn linear_rows<W: Weight>(w: &[W], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &mut [f32]) {
     // (batch > 0: see `linear`)
     let n = out.len() / batch;
     let k = x.len() / batch;
@@ -160,36 +210,50 @@ fn linear_rows(w: &[f32], bias: Option<&[f32]>, x: &[f32], batch: usize, out: &m
     for o in blocks * 4..n {
         let row = &w[o * k..(o + 1) * k];
         for (r, xr) in x.chunks_exact(k).enumerate() {
-            out[r * n + o] = dot_lanes(row, xr) + bias_of(o);
+            out[r * n + o] = dot_weights(row, xr) + bias_of(o);
         }
     }
 }
 
+/// [`dot_lanes`] with the first operand in any [`Weight`] type.
+#[inline(always)]
+fn dot_weights<W: Weight>(a: &[W], b: &[f32]) -> f32 {
+    const W: usize = 16;
+    let mut acc = [0f32; W];
+    let (ca, cb) = (a.chunks_exact(W), b.chunks_exact(W));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x.f32() * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..W {
+            acc[i] += x[i].f32() * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
 /// The dot products of four consecutive rows of length x.len() (rows: 4 * x.len()) with x.
 #[inline(always)]
-fn dot4(rows: &[f32], x: &[f32]) -> [f32; 4] {
-    const W: usize = 16;
+fn dot4<W: Weight>(rows: &[W], x: &[f32]) -> [f32; 4] {
+    const L: usize = 16;
     let k = x.len();
-    let r: [&[f32]; 4] = [
+    let r: [&[W]; 4] = [
         &rows[..k],
         &rows[k..2 * k],
         &rows[2 * k..3 * k],
         &rows[3 * k..4 * k],
     ];
-    let mut acc = [[0f32; W]; 4];
-    let lanes = |s: &[f32], c: usize| -> [f32; W] { s[c..c + W].try_into().expect("W lanes") };
-    let full = k / W * W;
-    for c in (0..full).step_by(W) {
-        let xc = lanes(x, c);
-        let w = [
-            lanes(r[0], c),
-            lanes(r[1], c),
-            lanes(r[2], c),
-            lanes(r[3], c),
-        ];
+    let mut acc = [[0f32; L]; 4];
+    let full = k / L * L;
+    for c in (0..full).step_by(L) {
+        let xc: [f32; L] = x[c..c + L].try_into().expect("L lanes");
+        let w: [[W; L]; 4] = [0, 1, 2, 3].map(|j| r[j][c..c + L].try_into().expect("L lanes"));
         for j in 0..4 {
-            for i in 0..W {
-                acc[j][i] += w[j][i] * xc[i];
+            for i in 0..L {
+                acc[j][i] += w[j][i].f32() * xc[i];
             }
         }
     }
@@ -198,7 +262,7 @@ fn dot4(rows: &[f32], x: &[f32]) -> [f32; 4] {
         let tail: f32 = r[j][full..]
             .iter()
             .zip(&x[full..])
-            .map(|(a, b)| a * b)
+            .map(|(a, b)| a.f32() * b)
             .sum();
         out[j] = acc[j].iter().sum::<f32>() + tail;
     }
@@ -233,71 +297,136 @@ pub(crate) fn gelu(x: &mut [f32]) {
 /// at batch 8 the host kernel made generation 13% slower).
 const LIBTORCH_FROM_BATCH: usize = 4;
 
-/// A `nn::Linear` as host copies: weight (N, K) row-major and bias (N).
+/// The weights of a [`HostLinear`], in the precision of the model's dense products.
+#[derive(Debug)]
+enum Weights {
+    F32(Vec<f32>),
+    Bf16(Vec<Bf16>),
+}
+
+/// A `nn::Linear` as host copies: weight (N, K) row-major, f32 or bf16, and bias (N), f32.
 #[derive(Debug)]
 pub(crate) struct HostLinear {
-    w: Vec<f32>,
+    w: Weights,
     b: Option<Vec<f32>>,
     /// N, the output width.
     pub n: usize,
 }
 
+/// Whether libtorch's bf16 matrix product runs on AMX here (it is then the fastest for
+/// several rows); without AMX it is far slower than the host kernel (on an AVX2 CPU,
+/// libtorch 2.13 multiplies bf16 at about 1/70 of its f32 speed).
+fn libtorch_bf16_is_fast() -> bool {
+    static AMX: OnceLock<bool> = OnceLock::new();
+    *AMX.get_or_init(|| CpuBf16::detect().amx_bf16)
+}
+
 impl HostLinear {
-    pub fn of(l: &tch::nn::Linear) -> HostLinear {
-        HostLinear::new(&l.ws, l.bs.as_ref())
+    /// The host copy of `l`, its weight kept as bf16 when `bf16`.
+    pub fn of(l: &tch::nn::Linear, bf16: bool) -> HostLinear {
+        HostLinear::new(&l.ws, l.bs.as_ref(), bf16)
     }
 
-    /// From a weight (N, K) and an optional bias (N).
-    pub fn new(w: &tch::Tensor, b: Option<&tch::Tensor>) -> HostLinear {
+    /// From a weight (N, K) and an optional bias (N); the weight kept as bf16 (rounded to
+    /// nearest even) when `bf16`.
+    pub fn new(w: &tch::Tensor, b: Option<&tch::Tensor>, bf16: bool) -> HostLinear {
+        let n = w.size()[0] as usize;
+        let host = super::host_f32(w);
+        let w = if bf16 {
+            Weights::Bf16(host.iter().map(|&v| Bf16(bf16_bits(v))).collect())
+        } else {
+            Weights::F32(host)
+        };
         HostLinear {
-            n: w.size()[0] as usize,
-            w: super::host_f32(w),
+            n,
+            w,
             b: b.map(super::host_f32),
         }
     }
 
-    /// Row `i` of the weight (K).
-    pub fn row(&self, i: usize) -> &[f32] {
-        let k = self.w.len() / self.n.max(1);
-        &self.w[i * k..(i + 1) * k]
+    /// K, the input width.
+    fn k(&self) -> usize {
+        let len = match &self.w {
+            Weights::F32(w) => w.len(),
+            Weights::Bf16(w) => w.len(),
+        };
+        len / self.n.max(1)
+    }
+
+    /// Appends row `i` of the weight (K values) to `out`, in f32.
+    pub fn push_row(&self, i: usize, out: &mut Vec<f32>) {
+        let k = self.k();
+        match &self.w {
+            Weights::F32(w) => out.extend_from_slice(&w[i * k..(i + 1) * k]),
+            Weights::Bf16(w) => out.extend(w[i * k..(i + 1) * k].iter().map(|v| v.f32())),
+        }
     }
 
     /// `x w^T + b` for `batch` rows of x.
     pub fn apply(&self, x: &[f32], batch: usize) -> Vec<f32> {
-        if batch >= LIBTORCH_FROM_BATCH {
+        let libtorch_fast = match self.w {
+            Weights::F32(_) => true,
+            Weights::Bf16(_) => libtorch_bf16_is_fast(),
+        };
+        if batch >= LIBTORCH_FROM_BATCH && libtorch_fast {
             return self.apply_libtorch(x, batch);
         }
         let mut out = vec![0f32; batch * self.n];
-        linear(&self.w, self.b.as_deref(), x, batch, &mut out);
+        match &self.w {
+            Weights::F32(w) => linear(w, self.b.as_deref(), x, batch, &mut out),
+            Weights::Bf16(w) => linear(w, self.b.as_deref(), x, batch, &mut out),
+        }
         out
     }
 
-    /// [`HostLinear::apply`] through libtorch, on tensors that view the host copies.
+    /// [`HostLinear::apply`] through libtorch, on tensors that view the host copies (a
+    /// bf16 weight multiplies x rounded to bf16, as the model's bf16 products do).
     fn apply_libtorch(&self, x: &[f32], batch: usize) -> Vec<f32> {
-        let (n, k) = (self.n as i64, (self.w.len() / self.n.max(1)) as i64);
+        let (n, k) = (self.n as i64, self.k() as i64);
         assert_eq!(
             x.len() as i64,
             batch as i64 * k,
             "linear: x of another size"
         );
-        let view = |v: &[f32], size: &[i64], strides: &[i64]| {
-            // SAFETY: `v` holds exactly the elements of `size` with `strides` (contiguous
-            // f32), and outlives the tensor: every tensor made here is dropped before this
-            // function returns (the result is copied out), and none is written to.
-            unsafe {
-                tch::Tensor::from_blob(
-                    v.as_ptr() as *const u8,
-                    size,
-                    strides,
-                    tch::Kind::Float,
-                    tch::Device::Cpu,
-                )
-            }
+        /// SAFETY (of every call): `ptr` holds exactly the elements of `size` (contiguous,
+        /// of `kind`), and outlives the tensor: every tensor made here is dropped before
+        /// this function returns (the result is copied out), and none is written to.
+        unsafe fn view(ptr: *const u8, size: &[i64], kind: tch::Kind) -> tch::Tensor {
+            let strides: Vec<i64> = match size {
+                [_, k] => vec![*k, 1],
+                _ => vec![1],
+            };
+            tch::Tensor::from_blob(ptr, size, &strides, kind, tch::Device::Cpu)
+        }
+        let xt = unsafe {
+            view(
+                x.as_ptr() as *const u8,
+                &[batch as i64, k],
+                tch::Kind::Float,
+            )
         };
-        let w = view(&self.w, &[n, k], &[k, 1]);
-        let b = self.b.as_deref().map(|b| view(b, &[n], &[1]));
-        let xt = view(x, &[batch as i64, k], &[k, 1]);
-        super::host_f32(&tch::no_grad(|| xt.linear(&w, b.as_ref())))
+        let b = self
+            .b
+            .as_deref()
+            .map(|b| unsafe { view(b.as_ptr() as *const u8, &[n], tch::Kind::Float) });
+        let y = tch::no_grad(|| match &self.w {
+            Weights::F32(w) => {
+                let w = unsafe { view(w.as_ptr() as *const u8, &[n, k], tch::Kind::Float) };
+                xt.linear(&w, b.as_ref())
+            }
+            Weights::Bf16(w) => {
+                let w = unsafe { view(w.as_ptr() as *const u8, &[n, k], tch::Kind::BFloat16) };
+                let y = xt
+                    .to_kind(tch::Kind::BFloat16)
+                    .linear::<tch::Tensor>(&w, None)
+                    .to_kind(tch::Kind::Float);
+                match &b {
+                    Some(b) => y + b,
+                    None => y,
+                }
+            }
+        });
+        super::host_f32(&y)
     }
 }
 
@@ -380,7 +509,7 @@ mod tests {
             45,
             Default::default(),
         );
-        let hl = HostLinear::of(&l);
+        let hl = HostLinear::of(&l, false);
         let x = Tensor::randn(
             [LIBTORCH_FROM_BATCH as i64 + 1, 37],
             (Kind::Float, Device::Cpu),
@@ -390,6 +519,46 @@ mod tests {
             let got = hl.apply(&host(&x.narrow(0, 0, batch as i64)), batch);
             assert_eq!(got.len(), batch * 45);
             assert!(max_diff(&got, &want[..batch * 45]) < 1e-5, "batch {batch}");
+        }
+    }
+
+    #[test]
+    fn bf16_weights_give_the_product_of_the_rounded_weights() {
+        tch::manual_seed(6);
+        for (batch, n, k) in [
+            (1, 768, 256),
+            (3, 45, 37),
+            (LIBTORCH_FROM_BATCH + 4, 64, 48),
+        ] {
+            let w = Tensor::randn([n, k], (Kind::Float, Device::Cpu));
+            let b = Tensor::randn([n], (Kind::Float, Device::Cpu));
+            let x = Tensor::randn([batch as i64, k], (Kind::Float, Device::Cpu));
+            let hl = HostLinear::new(&w, Some(&b), true);
+            let got = hl.apply(&host(&x), batch);
+            // the reference: the weights rounded to bf16, everything else exact (f64)
+            let wr = w.to_kind(Kind::BFloat16).to_kind(Kind::Double);
+            let exact = x.to_kind(Kind::Double).matmul(&wr.tr()) + b.to_kind(Kind::Double);
+            let exact = Vec::<f64>::try_from(&exact.view([-1])).unwrap();
+            let err = got
+                .iter()
+                .zip(&exact)
+                .map(|(g, e)| (*g as f64 - e).abs())
+                .fold(0.0, f64::max);
+            // f32 sums of k products: a few f32 ulps of the row's magnitude, unless x was
+            // rounded to bf16 too (libtorch's bf16 product under AMX), 2^-8 relative
+            let bound = if batch >= LIBTORCH_FROM_BATCH && libtorch_bf16_is_fast() {
+                0.02 * (k as f64).sqrt()
+            } else {
+                1e-4
+            };
+            assert!(err < bound, "({batch}, {k}) -> {n}: {err}");
+            // and away from the f32 product: the rounding is real
+            let f32_out = host(&x.linear(&w, Some(&b)));
+            assert!(max_diff(&got, &f32_out) > 1e-4, "({batch}, {k}) -> {n}");
+            let mut row = Vec::new();
+            hl.push_row(2, &mut row);
+            let want_row = Vec::<f32>::try_from(&wr.get(2).to_kind(Kind::Float)).unwrap();
+            assert_eq!(row, want_row);
         }
     }
 

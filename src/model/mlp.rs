@@ -5,6 +5,7 @@
 
 use tch::{nn, Tensor};
 
+use crate::model::precision::dense;
 use crate::model::{linear, residual_std, ModelConfig};
 
 /// The two linear layers of the feed-forward sublayer (`ff1.*`, `ff2.*`).
@@ -27,8 +28,7 @@ impl Mlp {
 
     /// (B, L, d) normalized rows -> (B, L, d).
     pub fn forward(&self, x: &Tensor) -> Tensor {
-        x.apply(&self.ff1) // (B, L, d_ff)
-            .gelu("none")
-            .apply(&self.ff2) // (B, L, d)
+        let h = dense(x, &self.ff1).gelu("none"); // (B, L, d_ff)
+        dense(&h, &self.ff2) // (B, L, d)
     }
 }

@@ -20,6 +20,7 @@ pub(crate) mod host;
 pub mod local;
 pub mod mlp;
 pub mod noise;
+pub mod precision;
 pub mod rope;
 pub mod spe;
 pub mod state;
@@ -29,6 +30,7 @@ pub mod transformer;
 mod tests;
 
 pub use config::{AttentionKind, FreqInit, LocalPosition, ModelConfig, PositionalEncoding};
+pub use precision::Precision;
 pub use transformer::{RecurrentState, Transformer};
 
 use tch::{nn, Kind, Tensor};

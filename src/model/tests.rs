@@ -1026,3 +1026,58 @@ fn embeddings_code_depends_on_the_position_only_and_the_tied_head_is_x_e_t() {
     let expect = x.apply(&head.norm).matmul(&embed.weight.tr());
     assert!(rel(&logits, &expect) == 0.0);
 }
+
+/// The logits of every variant in bf16 stay close to f32's (a few bf16 roundings of each
+/// product apart), train with gradients on the f32 weights, and keep the recurrence: a
+/// bf16 model's steps (on the host for the shipped kind of model, with bf16 weights and
+/// f32 activations) give the logits of its bf16 parallel form.
+#[test]
+fn bf16_products_stay_close_to_f32_and_keep_the_recurrence() {
+    use crate::model::Precision;
+    for (name, cfg) in variants() {
+        let (vs, mut m) = build(&cfg, 11);
+        m.freeze(5);
+        let toks = tokens(2, 40, 11);
+        let f32_logits = m.forward_t(&toks, 0, false);
+        assert_eq!(m.set_precision(Precision::Bf16).precision, Precision::Bf16);
+        let bf = m.forward_t(&toks, 0, false);
+        assert_eq!(bf.kind(), Kind::Float, "{name}");
+        let e = rel(&bf, &f32_logits);
+        assert!(e < 0.05, "{name}: bf16 logits {e} away from f32");
+        assert!(e > 1e-6, "{name}: bf16 changed nothing ({e})");
+        // a training step's gradients reach the f32 weights, finite
+        let loss = m
+            .forward_train(&toks, 0)
+            .view([-1, V])
+            .cross_entropy_for_logits(&toks.view([-1]));
+        loss.backward();
+        for (n, t) in vs.variables() {
+            assert_eq!(t.kind(), Kind::Float, "{name}: {n} is no longer f32");
+            if t.requires_grad() && t.grad().defined() {
+                let g = t.grad();
+                assert!(
+                    g.isfinite().all().int64_value(&[]) == 1,
+                    "{name}: {n} has a non-finite gradient"
+                );
+            }
+        }
+        // the recurrence in bf16
+        let mut st = m.begin(2);
+        let pre = m.prefill(&toks.narrow(1, 0, 25), &mut st);
+        assert!(
+            rel(&pre, &bf.narrow(1, 0, 25)) < 1e-4,
+            "{name}: bf16 prefill"
+        );
+        for i in 25..40 {
+            let e = rel(&m.step(&toks.select(1, i), &mut st), &bf.select(1, i));
+            // the host step keeps its activations in f32 where the parallel form rounds
+            // them: a bf16 rounding apart, not more
+            assert!(e < 0.03, "{name}: bf16 step at {i} differs ({e})");
+        }
+        assert_eq!(m.set_precision(Precision::F32).precision, Precision::F32);
+        assert!(
+            rel(&m.forward_t(&toks, 0, false), &f32_logits) < 1e-6,
+            "{name}: back to f32"
+        );
+    }
+}

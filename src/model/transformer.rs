@@ -54,6 +54,7 @@ use crate::model::head::OutputHead;
 use crate::model::host::{self, HostLinear, HostNorm};
 use crate::model::local::{host_ring_step, host_step_ok};
 use crate::model::noise;
+use crate::model::precision::{self, Precision, Resolved};
 use crate::model::spe::{
     draw_xi, frozen_xi, sine_filter_applies, ConvSpe, GateFactors, SineFactors, SineSpe, SpeCode,
 };
@@ -99,6 +100,8 @@ pub struct Transformer {
     /// Per layer: the FAVOR+ projection training uses between redraws (empty for softmax).
     train_features: Vec<FavorFeatures>,
     frozen: Frozen,
+    /// The precision of the dense products (resolved: f32 or bf16; see [`precision`]).
+    precision: Precision,
 }
 
 impl Transformer {
@@ -151,9 +154,24 @@ impl Transformer {
                 xi: vec![],
                 features: vec![],
             },
+            precision: Precision::F32,
         };
         model.freeze(DEFAULT_SEED);
         Ok(model)
+    }
+
+    /// Sets the precision of the dense products (see [`precision`]): `auto` is resolved for
+    /// the model's device. Recurrent states begun before keep the host weights of the
+    /// precision they began with. Returns what was chosen and why.
+    pub fn set_precision(&mut self, precision: Precision) -> Resolved {
+        let resolved = precision.resolve(self.device);
+        self.precision = resolved.precision;
+        resolved
+    }
+
+    /// The precision of the dense products (f32 or bf16).
+    pub fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// The model's configuration.
@@ -280,7 +298,9 @@ impl Transformer {
             return self.no_logits(tokens);
         };
         self.toss_redraw();
-        self.layers(x, &codes, offset, Mode::Train, None)
+        precision::scope(self.precision, || {
+            self.layers(x, &codes, offset, Mode::Train, None)
+        })
     }
 
     /// One coin per training call: on heads every layer's training projection is redrawn
@@ -386,31 +406,35 @@ impl Transformer {
         StepCache { sine, gates, host }
     }
 
-    /// Host copies of the weights for [`Transformer::host_step`].
+    /// Host copies of the weights for [`Transformer::host_step`], those of the dense
+    /// products in bf16 when the model's precision is bf16.
     fn host_copies(&self, favor: HostFavor) -> HostStep {
         let cfg = &self.cfg;
+        let bf16 = self.precision.is_bf16();
         let d = cfg.d_model as f64;
         let weight = &self.embed.weight;
         HostStep {
             favor,
-            embed: self.head.linear.is_some().then(|| host_f32(weight)),
+            // a tied head's rows are the embedding; in bf16 they are rounded, the embedding
+            // stays f32 (as in the parallel pass)
+            embed: (self.head.linear.is_some() || bf16).then(|| host_f32(weight)),
             embed_scale: cfg.scaled_embeddings.then(|| d.sqrt() as f32),
             layers: self
                 .blocks
                 .iter()
                 .map(|b| HostLayer {
                     norm1: HostNorm::of(&b.norm1, NORM_EPS),
-                    qkv: HostLinear::of(&b.attn.qkv),
-                    out: HostLinear::of(&b.attn.out),
+                    qkv: HostLinear::of(&b.attn.qkv, bf16),
+                    out: HostLinear::of(&b.attn.out, bf16),
                     norm2: HostNorm::of(&b.norm2, NORM_EPS),
-                    ff1: HostLinear::of(&b.mlp.ff1),
-                    ff2: HostLinear::of(&b.mlp.ff2),
+                    ff1: HostLinear::of(&b.mlp.ff1, bf16),
+                    ff2: HostLinear::of(&b.mlp.ff2, bf16),
                 })
                 .collect(),
             final_norm: HostNorm::of(&self.head.norm, NORM_EPS),
             head: match &self.head.linear {
-                Some(h) => HostLinear::of(h),
-                None => HostLinear::new(weight, None),
+                Some(h) => HostLinear::of(h, bf16),
+                None => HostLinear::new(weight, None, bf16),
             },
             head_scale: (self.head.linear.is_none() && cfg.scaled_embeddings)
                 .then(|| d.powf(-0.5) as f32),
@@ -534,10 +558,10 @@ impl Transformer {
                 (0..vocab as i64).contains(&t),
                 "token id {t} outside the vocabulary of {vocab}"
             );
-            x.extend_from_slice(match &hs.embed {
-                Some(e) => &e[t as usize * d..][..d],
-                None => hs.head.row(t as usize),
-            });
+            match &hs.embed {
+                Some(e) => x.extend_from_slice(&e[t as usize * d..][..d]),
+                None => hs.head.push_row(t as usize, &mut x),
+            }
         }
         if let Some(sc) = hs.embed_scale {
             x.iter_mut().for_each(|v| *v *= sc);
@@ -725,7 +749,9 @@ impl Transformer {
         let Some((x, codes)) = self.enter(tokens, offset, mode, &mut state) else {
             return self.no_logits(tokens);
         };
-        self.layers(x, &codes, offset, mode, state)
+        precision::scope(self.precision, || {
+            self.layers(x, &codes, offset, mode, state)
+        })
     }
 
     /// What comes before the layers: the embedded tokens (B, L, d) after dropout, and the
