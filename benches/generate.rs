@@ -12,11 +12,13 @@
 //! CADENZA_BENCH_BATCHES [1,8], CADENZA_BENCH_RECOMPUTE_POINTS [8],
 //! CADENZA_BENCH_LOCAL_HEADS [0; the shipped model has 2 local softmax heads
 //! over 512 tokens with RoPE], CADENZA_BENCH_LOCAL_WINDOW [128],
-//! CADENZA_BENCH_LOCAL_POSITION [shared; `rope` for the shipped model].
+//! CADENZA_BENCH_LOCAL_POSITION [shared; `rope` for the shipped model],
+//! CADENZA_BENCH_PRECISIONS [f32; a comma list of f32, bf16: each length and batch runs
+//! once per precision, in that order, so that the rows of a pair are alternated].
 
 use std::time::Instant;
 
-use cadenza::model::{ModelConfig, Transformer};
+use cadenza::model::{ModelConfig, Precision, Transformer};
 use cadenza::sample::{self, SampleConfig};
 use cadenza::tokenizer::{Vocab, BOS_ID};
 use tch::{nn, Device, Tensor};
@@ -55,6 +57,18 @@ fn rope_knob() -> bool {
     std::env::var("CADENZA_BENCH_LOCAL_POSITION").as_deref() == Ok("rope")
 }
 
+/// The precisions of CADENZA_BENCH_PRECISIONS (default f32).
+fn precisions() -> Vec<Precision> {
+    let raw = std::env::var("CADENZA_BENCH_PRECISIONS").unwrap_or_else(|_| "f32".into());
+    raw.split(',')
+        .map(|p| match p.trim() {
+            "f32" => Precision::F32,
+            "bf16" => Precision::Bf16,
+            other => panic!("CADENZA_BENCH_PRECISIONS: {other:?} is neither f32 nor bf16"),
+        })
+        .collect()
+}
+
 fn model(preset: &str, vocab: &Vocab) -> (nn::VarStore, Transformer) {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -76,9 +90,14 @@ fn child(spec: &str) {
     let preset = it.next().unwrap_or("small").to_string();
     let len: usize = it.next().and_then(|s| s.parse().ok()).unwrap_or(1024);
     let batch: usize = it.next().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let precision = match it.next() {
+        Some("bf16") => Precision::Bf16,
+        _ => Precision::F32,
+    };
     cadenza::train::set_threads(0);
     let vocab = Vocab::new(Default::default()).expect("vocab");
-    let (_vs, m) = model(&preset, &vocab);
+    let (_vs, mut m) = model(&preset, &vocab);
+    m.set_precision(precision);
     // Grammar-constrained, EOS forbidden (the default), so that every run makes `len` tokens.
     let cfg = SampleConfig {
         max_tokens: len,
@@ -137,37 +156,39 @@ fn main() {
         "## Recurrent generation, preset `{preset}`, {local}, CPU ({} threads)\n",
         tch::get_num_threads()
     );
-    println!("| tokens | batch | tokens/s (all sequences) | us/token first 512 | us/token last 512 | last/first | peak RSS |");
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| tokens | batch | weights | tokens/s (all sequences) | us/token first 512 | us/token last 512 | last/first | peak RSS |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut per_token_3072 = None;
     for &len in &lengths {
         for &b in &batches {
-            let out = std::process::Command::new(&exe)
-                .env(CHILD, format!("{preset},{len},{b}"))
-                .output()
-                .expect("child");
-            let text = String::from_utf8_lossy(&out.stdout);
-            let v: Vec<f64> = text
-                .split_whitespace()
-                .filter_map(|s| s.parse().ok())
-                .collect();
-            if v.len() < 5 {
+            for p in precisions() {
+                let out = std::process::Command::new(&exe)
+                    .env(CHILD, format!("{preset},{len},{b},{p}"))
+                    .output()
+                    .expect("child");
+                let text = String::from_utf8_lossy(&out.stdout);
+                let v: Vec<f64> = text
+                    .split_whitespace()
+                    .filter_map(|s| s.parse().ok())
+                    .collect();
+                if v.len() < 5 {
+                    println!(
+                        "| {len} | {b} | {p} | failed: {} |",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    continue;
+                }
                 println!(
-                    "| {len} | {b} | failed: {} |",
-                    String::from_utf8_lossy(&out.stderr).trim()
+                    "| {len} | {b} | {p} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} MB |",
+                    v[0],
+                    v[1],
+                    v[2],
+                    v[2] / v[1],
+                    v[3] / 1024.0
                 );
-                continue;
-            }
-            println!(
-                "| {len} | {b} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} MB |",
-                v[0],
-                v[1],
-                v[2],
-                v[2] / v[1],
-                v[3] / 1024.0
-            );
-            if len == 3072 && b == 1 {
-                per_token_3072 = Some(1e6 / v[0]);
+                if len == 3072 && b == 1 && p == Precision::F32 {
+                    per_token_3072 = Some(1e6 / v[0]);
+                }
             }
         }
     }

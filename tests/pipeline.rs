@@ -81,8 +81,90 @@ fn tiny_opts(run: &Path, data: &Path, steps: u64) -> TrainOptions {
         seed: Some(1),
         // Tests run in parallel: one libtorch thread each avoids oversubscription.
         threads: Some(1),
+        // The same numbers on every machine (`auto` picks bf16 where the CPU has AMX).
+        precision: Some(cadenza::model::Precision::F32),
         ..Default::default()
     }
+}
+
+#[test]
+fn bf16_run_learns_saves_its_precision_and_resumes_exactly() {
+    use cadenza::model::Precision;
+    let _rng = torch_rng();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset_dir(tmp.path());
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let bf16 = |run: &Path| TrainOptions {
+        precision: Some(Precision::Bf16),
+        ..tiny_opts(run, &data, 40)
+    };
+    let full = tmp.path().join("full");
+    let s = train::train(&bf16(&full)).unwrap();
+    let uniform = (vocab.len() as f64).ln();
+    let val = s.last_val_loss.unwrap();
+    assert!(
+        val < 0.6 * uniform,
+        "bf16 validation loss {val} vs uniform {uniform}"
+    );
+    let saved: train::config::RunConfig =
+        cadenza::util::read_json(&full.join("config.json")).unwrap();
+    assert_eq!(saved.train.precision, Precision::Bf16);
+
+    // stopped at a checkpoint and resumed: the same losses, bit for bit
+    let part = tmp.path().join("part");
+    let mut o = bf16(&part);
+    o.stop_after = Some(20);
+    train::train(&o).unwrap();
+    let resume = |precision| TrainOptions {
+        resume: true,
+        preset: None,
+        seq_len: None,
+        batch: None,
+        precision,
+        ..tiny_opts(&part, &data, 40)
+    };
+    let err = train::train(&resume(Some(Precision::F32)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("bf16") && err.contains("--precision f32"),
+        "{err}"
+    );
+    train::train(&resume(None)).unwrap();
+    let a = train::read_metrics(&full).unwrap();
+    let b = train::read_metrics(&part).unwrap();
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.train_loss, y.train_loss, "step {}", x.step);
+        assert_eq!(x.val_loss, y.val_loss, "step {}", x.step);
+    }
+
+    // the same weights evaluated in f32 and in bf16: close, not equal
+    let eval = |precision| {
+        train::eval::evaluate(&train::eval::EvalOptions {
+            model_dir: full.clone(),
+            data: vec![data.clone()],
+            max_len: Some(64),
+            bin: 32,
+            min_len: 0,
+            max_pieces: 6,
+            device: Some("cpu".into()),
+            seed: 0,
+            threads: 1,
+            precision,
+        })
+        .unwrap()
+    };
+    let (e32, e16) = (eval(Precision::F32), eval(Precision::Bf16));
+    assert_eq!(
+        (e32.precision, e16.precision),
+        (Precision::F32, Precision::Bf16)
+    );
+    let (l32, l16) = (e32.metrics.all.loss, e16.metrics.all.loss);
+    assert!(
+        l32 != l16 && (l32 - l16).abs() < 0.02 * l32,
+        "f32 {l32} bf16 {l16}"
+    );
 }
 
 #[test]
@@ -157,6 +239,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
         device: Some("cpu".into()),
         seed: 0,
         threads: 1,
+        precision: cadenza::model::Precision::F32,
     })
     .unwrap();
     assert_eq!(r.bins.len(), 4);

@@ -96,6 +96,10 @@ pub struct GenerateArgs {
     /// Device to run the model on: auto (CUDA when available), cpu, cuda or cuda:N.
     #[arg(long)]
     pub device: Option<super::DeviceArg>,
+    /// Precision of the dense products: auto (bf16 on CUDA and on CPUs with AMX or
+    /// AVX512-BF16, f32 elsewhere), f32 or bf16 (on the CPU: bf16 weights, f32 sums).
+    #[arg(long, value_enum, default_value_t = crate::model::Precision::Auto)]
+    pub precision: crate::model::Precision,
     /// Output MIDI file; a record of how it was made (model, seed, every
     /// setting) is written beside it as OUT.json.
     #[arg(short, long)]
@@ -207,6 +211,8 @@ pub struct PieceRecord {
     pub seed: u64,
     /// `--device` as resolved (e.g. `cpu`, `cuda:0`).
     pub device: String,
+    /// `--precision` as resolved (`f32` or `bf16`).
+    pub precision: crate::model::Precision,
     /// None when the piece started from nothing.
     pub prompt: Option<PromptRecord>,
     /// This piece's number in its batch, from 1.
@@ -425,6 +431,8 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     };
     let mut m = checkpoint::load_model(&a.model, device)?;
     m.model.freeze(a.seed);
+    let precision = m.model.set_precision(a.precision);
+    info!("precision: {precision}");
     let vocab = &m.vocab;
     let limits = a.limits.limits();
     let body = match &a.prompt {
@@ -518,6 +526,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             vocab_hash: vocab.hash().to_string(),
             seed: a.seed,
             device: device_used.clone(),
+            precision: precision.precision,
             prompt: a.prompt.as_ref().map(|p| PromptRecord {
                 path: p.display().to_string(),
                 bars: a.prompt_bars,

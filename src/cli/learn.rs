@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use tracing::info;
 
 use super::{device_name, DeviceArg, Positional, Preset};
+use crate::model::Precision;
 use crate::train::{self, eval};
 
 /// What defines a run's configuration, shared by `train` and `export-probe`.
@@ -73,6 +74,10 @@ pub struct TrainArgs {
     /// Stop after this step (the schedule still follows --steps).
     #[arg(long)]
     pub stop_after: Option<u64>,
+    /// Precision of the dense products: auto (bf16 on CUDA and on CPUs with AMX or
+    /// AVX512-BF16, f32 elsewhere), f32 or bf16; saved with the run, which resumes in it.
+    #[arg(long, value_enum)]
+    pub precision: Option<Precision>,
 }
 
 /// `cadenza eval`.
@@ -112,6 +117,10 @@ pub struct EvalArgs {
     /// CPU threads for libtorch (default: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Precision of the dense products: auto (bf16 on CUDA and on CPUs with AMX or
+    /// AVX512-BF16, f32 elsewhere), f32 or bf16.
+    #[arg(long, value_enum, default_value_t = Precision::Auto)]
+    pub precision: Precision,
 }
 
 /// `cadenza continue-eval`.
@@ -151,6 +160,10 @@ pub struct ContinueEvalArgs {
     /// CPU threads for libtorch (default: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Precision of the dense products: auto (bf16 on CUDA and on CPUs with AMX or
+    /// AVX512-BF16, f32 elsewhere), f32 or bf16.
+    #[arg(long, value_enum, default_value_t = Precision::Auto)]
+    pub precision: Precision,
 }
 
 /// Continues the first bars of held-out pieces and compares with the real
@@ -161,6 +174,7 @@ pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     train::set_threads(a.threads);
     let mut m = train::checkpoint::load_model(&a.model, device)?;
     m.model.freeze(a.seed);
+    info!("precision: {}", m.model.set_precision(a.precision));
     let (what, pieces) = eval::eval_pieces(&a.data, &m)?;
     let pieces: Vec<Vec<u32>> = pieces
         .into_iter()
@@ -253,6 +267,7 @@ fn options(a: TrainArgs) -> train::TrainOptions {
         extend: a.extend,
         stop_after: a.stop_after,
         threads: a.threads,
+        precision: a.precision,
         progress: true,
         ..spec_options(a.spec)
     }
@@ -292,6 +307,7 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
         device: device_name(a.device),
         seed: a.seed,
         threads: a.threads,
+        precision: a.precision,
     })?;
     println!(
         "{} ({}), {} pieces, training length {}",

@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// libtorch threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Precision of the dense products: auto (bf16 on CUDA and on CPUs with AMX or
+    /// AVX512-BF16, f32 elsewhere), f32 or bf16.
+    #[arg(long, value_enum, default_value_t = crate::model::Precision::Auto)]
+    pub precision: crate::model::Precision,
 }
 
 /// What [`start`] needs.
@@ -77,6 +81,7 @@ pub struct ServeOptions {
     pub soundfont: Option<PathBuf>,
     pub device: Option<String>,
     pub threads: usize,
+    pub precision: crate::model::Precision,
 }
 
 impl ServeOptions {
@@ -92,6 +97,7 @@ impl ServeOptions {
             soundfont: None,
             device: None,
             threads: 0,
+            precision: crate::model::Precision::Auto,
         }
     }
 }
@@ -208,6 +214,7 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
         soundfont: a.soundfont,
         device: a.device.map(|d| d.to_string()),
         threads: a.threads,
+        precision: a.precision,
     };
     let out = opts.out.clone();
     let server = start(opts)?;

@@ -31,6 +31,7 @@ pub(crate) fn spawn(
     let model_dir = opts.model.clone();
     let device = opts.device.clone();
     let threads = opts.threads;
+    let precision = opts.precision;
     std::thread::Builder::new()
         .name("cadenza-generator".into())
         .spawn(move || {
@@ -46,6 +47,7 @@ pub(crate) fn spawn(
                     return;
                 }
             };
+            tracing::info!("precision: {}", m.model.set_precision(precision));
             let name = model_dir
                 .canonicalize()
                 .unwrap_or(model_dir.clone())

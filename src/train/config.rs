@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, Precision};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -36,6 +36,16 @@ pub struct TrainConfig {
     pub seed: u64,
     /// CPU threads for libtorch (0 = all cores).
     pub threads: usize,
+    /// Precision of the model's dense products (see `model::precision`). A new run's
+    /// `auto` is resolved for its device before the config is saved, so a saved run holds
+    /// `f32` or `bf16` and resumes with it; runs saved before this field trained in f32.
+    #[serde(default = "precision_of_older_runs")]
+    pub precision: Precision,
+}
+
+/// The precision of a run saved before [`TrainConfig::precision`] existed.
+fn precision_of_older_runs() -> Precision {
+    Precision::F32
 }
 
 impl Default for TrainConfig {
@@ -59,6 +69,7 @@ impl Default for TrainConfig {
             checkpoint_every: 200,
             seed: 0,
             threads: 0,
+            precision: Precision::Auto,
         }
     }
 }
@@ -191,6 +202,20 @@ mod tests {
         assert!((c.lr_at(9) - 1.0).abs() < 1e-12);
         assert!(c.lr_at(50) < c.lr_at(20));
         assert!((c.lr_at(100) - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn runs_saved_before_the_precision_field_load_as_f32() {
+        let mut v = serde_json::to_value(TrainConfig::default()).unwrap();
+        assert_eq!(v["precision"], "auto");
+        v.as_object_mut().unwrap().remove("precision");
+        let old: TrainConfig = serde_json::from_value(v).unwrap();
+        assert_eq!(old.precision, Precision::F32);
+        let t: toml::Table = toml::from_str("precision = \"bf16\"").unwrap();
+        let c = merge_table(&TrainConfig::default(), &t).unwrap();
+        assert_eq!(c.precision, Precision::Bf16);
+        let t: toml::Table = toml::from_str("precision = \"fp8\"").unwrap();
+        assert!(merge_table(&TrainConfig::default(), &t).is_err());
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct EvalOptions {
     pub seed: u64,
     /// libtorch CPU threads (0 = all cores).
     pub threads: usize,
+    /// Precision of the dense products (`auto` resolved for the device).
+    pub precision: crate::model::Precision,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,6 +43,9 @@ pub struct Bin {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
     pub model: String,
+    /// The precision the model ran in (f32 or bf16; reports from before it: f32).
+    #[serde(default = "f32_of_older_reports")]
+    pub precision: crate::model::Precision,
     pub positional: String,
     pub train_len: usize,
     pub max_len: usize,
@@ -137,11 +142,18 @@ pub fn eval_pieces(data: &[PathBuf], m: &LoadedModel) -> Result<(String, Vec<dat
     Ok((format!("{} MIDI files", files.len()), pieces))
 }
 
+/// The precision of a report written before [`EvalReport::precision`] existed.
+fn f32_of_older_reports() -> crate::model::Precision {
+    crate::model::Precision::F32
+}
+
 pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
     let device = checkpoint::parse_device(o.device.as_deref())?;
     super::set_threads(o.threads);
     let mut m = checkpoint::load_model(&o.model_dir, device)?;
     m.model.freeze(o.seed);
+    let precision = m.model.set_precision(o.precision);
+    tracing::info!("precision: {precision}");
     let train_len = m.config.train.seq_len as usize;
     let max_len = o.max_len.unwrap_or(2 * train_len);
     if o.bin == 0 || max_len == 0 {
@@ -195,6 +207,7 @@ pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
         .collect();
     Ok(EvalReport {
         model: o.model_dir.display().to_string(),
+        precision: precision.precision,
         positional: m.config.model.positional.name().to_string(),
         train_len,
         max_len,

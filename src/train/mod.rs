@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-use crate::model::{ModelConfig, Transformer};
+use crate::model::{ModelConfig, Precision, Transformer};
 use crate::tokenizer::dataset::{self, Dataset};
 use crate::tokenizer::{Vocab, PAD_ID};
 use adamw::AdamW;
@@ -55,6 +55,8 @@ pub struct TrainOptions {
     pub stop_after: Option<u64>,
     /// libtorch CPU threads (overrides the config; may change on resume).
     pub threads: Option<usize>,
+    /// Precision of the dense products (overrides the config's; a resumed run keeps its own).
+    pub precision: Option<Precision>,
     pub progress: bool,
 }
 
@@ -193,6 +195,9 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
     if let Some(v) = o.seed {
         train.seed = v;
     }
+    if let Some(v) = o.precision {
+        train.precision = v;
+    }
     model.vocab_size = vocab.len() as i64;
     let source = match &o.config_file {
         Some(p) => format!("{} and the command-line flags", p.display()),
@@ -211,6 +216,41 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
         dataset: String::new(),
         preset,
     })
+}
+
+/// The run's precision made concrete for `device`: a new run's `auto` resolved and stored
+/// in `train` (so that the saved config says what it trained in); a resumed run keeps its
+/// own and refuses a `--precision` that would change it.
+fn resolve_precision(
+    o: &TrainOptions,
+    train: &mut TrainConfig,
+    device: Device,
+) -> Result<crate::model::precision::Resolved> {
+    if o.resume {
+        if train.precision == Precision::Auto {
+            bail!(
+                "{}: precision \"auto\" in a saved run (a run saves f32 or bf16)",
+                o.run_dir.join(CONFIG_FILE).display()
+            );
+        }
+        if let Some(p) = o.precision {
+            let asked = p.resolve(device).precision;
+            if asked != train.precision {
+                bail!(
+                    "--resume continues the run in {}, as it started; --precision {p} \
+                     (here: {asked}) would change what it computes",
+                    train.precision
+                );
+            }
+        }
+        return Ok(crate::model::precision::Resolved {
+            precision: train.precision,
+            reason: "the run's own".into(),
+        });
+    }
+    let r = train.precision.resolve(device);
+    train.precision = r.precision;
+    Ok(r)
 }
 
 static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
@@ -519,6 +559,8 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     };
     let mut cfg = resolve_config(o, &vocab)?;
     checkpoint::check_vocab(&cfg, &vocab, &run.join(VOCAB_FILE))?;
+    let device = checkpoint::parse_device(o.device.as_deref())?;
+    let precision = resolve_precision(o, &mut cfg.train, device)?;
     if !o.resume && checkpoint::checkpoint_dir(run).is_some() {
         bail!(
             "{} already holds a trained run: pass --resume to continue it, or choose another folder",
@@ -563,7 +605,6 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     }
     let tc = cfg.train.clone();
     set_threads(tc.threads);
-    let device = checkpoint::parse_device(o.device.as_deref())?;
 
     let split = data::split(&ds, tc.seed, tc.val_fraction);
     if split.train.is_empty() {
@@ -586,6 +627,8 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     let mut vs = VarStore::new(device);
     let mut model = Transformer::new(&vs.root(), &cfg.model)?;
     model.freeze(tc.seed);
+    model.set_precision(tc.precision);
+    tracing::info!("precision: {precision}");
     let mut opt = AdamW::new(vs.variables(), tc.beta1, tc.beta2, tc.eps, tc.weight_decay);
     let mut state = TrainState {
         step: 0,
@@ -638,7 +681,6 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     let start_step = state.step;
     let mut last_loss = f64::NAN;
     let mut interrupted = false;
-    let use_autocast = device.is_cuda();
     while state.step < last_step {
         let step = state.step;
         let t0 = Instant::now();
@@ -647,7 +689,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         let batch = to_batch(&ids, tc.batch, device);
         let lr = tc.lr_at(step);
         opt.zero_grad();
-        let loss = tch::autocast(use_autocast, || train_loss(&mut model, &batch));
+        let loss = train_loss(&mut model, &batch);
         loss.backward();
         let grad_norm = opt.clip_grad_norm(tc.grad_clip);
         opt.update(lr);
