@@ -4,7 +4,7 @@
 //! ```text
 //! cargo bench --bench train_speed -- --len 512 --batch 8 [--steps 3] [--threads 2]
 //!     [--preset small] [--vocab 845] [--attention favor|softmax] [--positional spe-sine]
-//!     [--chunk C] [--local-heads N] [--local-window W]
+//!     [--chunk C] [--local-heads N] [--local-window W] [--precision f32|bf16]
 //! ```
 //!
 //! One step is what `cadenza train` does per batch: forward, mean
@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-use cadenza::model::{AttentionKind, LocalPosition, ModelConfig, Transformer};
+use cadenza::model::{AttentionKind, LocalPosition, ModelConfig, Precision, Transformer};
 use cadenza::train::{adamw::AdamW, train_loss};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -39,6 +39,8 @@ struct Opts {
     local_window: i64,
     /// `shared` (the SPE-filtered queries and keys) or `rope`.
     local_position: String,
+    /// `f32` or `bf16` (the dense products; see `cadenza::model::precision`).
+    precision: Precision,
 }
 
 fn parse() -> Opts {
@@ -55,6 +57,7 @@ fn parse() -> Opts {
         local_heads: 0,
         local_window: 128,
         local_position: "shared".into(),
+        precision: Precision::F32,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -82,6 +85,13 @@ fn parse() -> Opts {
             "--local-heads" => o.local_heads = num(val),
             "--local-window" => o.local_window = num(val),
             "--local-position" => o.local_position = val.clone(),
+            "--precision" => {
+                o.precision = match val.as_str() {
+                    "f32" => Precision::F32,
+                    "bf16" => Precision::Bf16,
+                    other => panic!("--precision {other}: f32 or bf16"),
+                }
+            }
             _ => panic!("unknown option {key}"),
         }
         i += 2;
@@ -122,6 +132,7 @@ fn main() {
     cfg.validate().unwrap();
     let vs = nn::VarStore::new(Device::Cpu);
     let mut model = Transformer::new(&vs.root(), &cfg).unwrap();
+    model.set_precision(o.precision);
     let mut opt = AdamW::new(vs.variables(), 0.9, 0.98, 1e-8, 0.01);
     let base = vm_mb("VmRSS:");
     // seconds of each phase: forward with the loss, backward, clipping, update
@@ -150,12 +161,13 @@ fn main() {
     let secs: f64 = phases.iter().sum();
     let ms = phases.map(|p| p * 1e3);
     println!(
-        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"local_heads\":{},\"local_window\":{},\"local_position\":\"{}\",\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1},\"forward_ms\":{:.1},\"backward_ms\":{:.1},\"clip_ms\":{:.1},\"update_ms\":{:.1}}}",
+        "{{\"impl\":\"cadenza\",\"attention\":\"{}\",\"positional\":\"{}\",\"local_heads\":{},\"local_window\":{},\"local_position\":\"{}\",\"precision\":\"{}\",\"len\":{},\"batch\":{},\"steps\":{},\"threads\":{},\"secs_per_step\":{:.4},\"tokens_per_s\":{:.1},\"base_rss_mb\":{:.1},\"peak_rss_mb\":{:.1},\"forward_ms\":{:.1},\"backward_ms\":{:.1},\"clip_ms\":{:.1},\"update_ms\":{:.1}}}",
         o.attention,
         o.positional,
         o.local_heads,
         o.local_window,
         o.local_position,
+        o.precision,
         o.len,
         o.batch,
         o.steps,

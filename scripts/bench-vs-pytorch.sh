@@ -21,6 +21,10 @@
 #              LOCAL_POSITION [shared; the shipped model: rope],
 #              REPEAT [1: alternated cadenza/PyTorch pairs per row; with more,
 #              the table gives medians and the range of the pairs' ratios],
+#              PRECISIONS ["f32 bf16" where /proc/cpuinfo shows amx_bf16 or
+#              avx512_bf16, else "f32": without them PyTorch's bf16 products run at
+#              about 1/70 of f32, and a row would take an hour]: each row runs a
+#              cadenza/PyTorch pair per precision (PyTorch bf16 = CPU autocast),
 #              OUT [runs/bench-vs-pytorch].
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +36,11 @@ local_window=${LOCAL_WINDOW:-128}
 local_position=${LOCAL_POSITION:-shared}
 repeat=${REPEAT:-1}
 out=${OUT:-runs/bench-vs-pytorch}
+if grep -qE 'amx_bf16|avx512_bf16' /proc/cpuinfo 2>/dev/null; then
+  precisions=${PRECISIONS:-f32 bf16}
+else
+  precisions=${PRECISIONS:-f32}
+fi
 py=runs/ref-venv/bin/python
 [ -x $py ] || { echo "no $py: run scripts/reference/setup.sh first" >&2; exit 1; }
 mkdir -p "$out"
@@ -44,11 +53,14 @@ for L in $lens; do
   # At least 64k timed tokens per row: short steps are noisy.
   n=$(( 65536 / (B * L) )); [ $n -lt $steps ] && n=$steps
   for rep in $(seq "$repeat"); do
-    echo "L=$L batch=$B steps=$n pair $rep/$repeat" >&2
-    cargo bench -q --bench train_speed -- --len $L --batch $B --steps $n --threads $threads \
-      --local-heads $local_heads --local-window $local_window --local-position $local_position >> "$res"
-    $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $n --threads $threads \
-      2>/dev/null >> "$res"
+    for p in $precisions; do
+      echo "L=$L batch=$B steps=$n $p pair $rep/$repeat" >&2
+      cargo bench -q --bench train_speed -- --len $L --batch $B --steps $n --threads $threads \
+        --local-heads $local_heads --local-window $local_window --local-position $local_position \
+        --precision $p >> "$res"
+      $py scripts/reference/bench_sdpa.py --len $L --batch $B --steps $n --threads $threads \
+        --precision $p 2>/dev/null >> "$res"
+    done
   done
 done
 python3 scripts/bench_table.py "$res"

@@ -17,11 +17,12 @@ def main(path):
         if not line.startswith("{"):
             continue
         r = json.loads(line)
-        rows.setdefault((r["len"], r["batch"]), {}).setdefault(r["impl"], []).append(r)
-    print("| L | batch | cadenza tok/s | PyTorch SDPA tok/s | ratio | cadenza peak MB "
+        key = (r["len"], r["batch"], r.get("precision", "f32"))
+        rows.setdefault(key, {}).setdefault(r["impl"], []).append(r)
+    print("| L | batch | precision | cadenza tok/s | PyTorch SDPA tok/s | ratio | cadenza peak MB "
           "| PyTorch peak MB | cadenza KB/token | PyTorch KB/token |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for (L, B), r in sorted(rows.items()):
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for (L, B, prec), r in sorted(rows.items()):
         cs, ps = r.get("cadenza"), r.get("pytorch-sdpa")
         if not cs or not ps:
             continue
@@ -33,7 +34,7 @@ def main(path):
         peak = lambda runs: max(runs, key=lambda x: x["peak_rss_mb"])
         c, p = peak(cs), peak(ps)
         per_tok = lambda x: (x["peak_rss_mb"] - x["base_rss_mb"]) * 1024 / (L * B)
-        print(f"| {L:,} | {B} | {tok(cs):,.0f} | {tok(ps):,.0f} "
+        print(f"| {L:,} | {B} | {prec} | {tok(cs):,.0f} | {tok(ps):,.0f} "
               f"| {ratio} | {c['peak_rss_mb']:,.0f} "
               f"| {p['peak_rss_mb']:,.0f} | {per_tok(c):.0f} | {per_tok(p):.0f} |")
     first = next(iter(rows.values()))
@@ -44,7 +45,9 @@ def main(path):
     local = (f"{heads} local softmax heads{rope} over {c.get('local_window')} tokens, the others FAVOR+"
              if heads else "every head FAVOR+")
     print(f"\n{t} threads; cadenza: {local}; tokens/s = batch x L / mean seconds per step; "
-          "KB/token = (peak - resident before the first step) / (batch x L).")
+          "KB/token = (peak - resident before the first step) / (batch x L); "
+          "PyTorch bf16 = torch.autocast(\"cpu\", dtype=torch.bfloat16), cadenza bf16 = "
+          "--precision bf16.")
 
 
 if __name__ == "__main__":

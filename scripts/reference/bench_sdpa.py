@@ -2,12 +2,14 @@
 """Training-step throughput and peak memory of the PyTorch SDPA GPT of train_ref.py.
 
     bench_sdpa.py --len 512 --batch 8 [--steps 3] [--threads 2] [--vocab 845]
-                  [--d 256 --layers 4 --heads 4 --d-ff 1024]
+                  [--d 256 --layers 4 --heads 4 --d-ff 1024] [--precision f32|bf16]
 
 The same step as cadenza's benches/train_speed.rs: forward, mean cross-entropy,
 backward, gradient clipping at 1.0, AdamW; random tokens, one untimed warm-up
 step, then --steps timed ones. Prints one JSON line (peak RSS = ru_maxrss of
-this process, so run one configuration per process).
+this process, so run one configuration per process). --precision bf16 runs the
+forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16), as a PyTorch
+user would on a CPU with AMX; the weights and AdamW stay f32.
 """
 
 import argparse
@@ -43,6 +45,7 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--d-ff", type=int, default=1024)
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -54,8 +57,10 @@ def main():
     def step():
         batch = torch.randint(1, a.vocab, (a.batch, a.len + 1))
         t0 = time.perf_counter()
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), batch[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            logits = model(batch[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, a.vocab).float(),
+                                   batch[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -66,7 +71,8 @@ def main():
     secs = sum(step() for _ in range(a.steps)) / max(a.steps, 1)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps({
-        "impl": "pytorch-sdpa", "torch": torch.__version__, "len": a.len, "batch": a.batch,
+        "impl": "pytorch-sdpa", "torch": torch.__version__, "precision": a.precision,
+        "len": a.len, "batch": a.batch,
         "steps": a.steps, "threads": torch.get_num_threads(),
         "secs_per_step": round(secs, 4), "tokens_per_s": round(a.batch * a.len / secs, 1),
         "base_rss_mb": round(base, 1), "peak_rss_mb": round(peak, 1),
