@@ -165,6 +165,40 @@ fn bf16_run_learns_saves_its_precision_and_resumes_exactly() {
         l32 != l16 && (l32 - l16).abs() < 0.02 * l32,
         "f32 {l32} bf16 {l16}"
     );
+
+    // generate in bf16 from the command line: recorded, and replayed with it
+    let piece = tmp.path().join("bf16.mid");
+    let out = Command::new(bin())
+        .args([
+            "generate",
+            "--model",
+            &full.display().to_string(),
+            "--tokens",
+            "40",
+        ])
+        .args([
+            "--precision",
+            "bf16",
+            "--device",
+            "cpu",
+            "-o",
+            &piece.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("precision: bf16"),
+        "{out:?}"
+    );
+    let rec: cadenza::cli::PieceRecord =
+        checkpoint::read_json(&piece.with_extension("json")).unwrap();
+    assert_eq!(rec.precision, Precision::Bf16);
+    let args = rec.generate_args();
+    assert!(
+        args.windows(2).any(|w| w == ["--precision", "bf16"]),
+        "{args:?}"
+    );
 }
 
 #[test]
@@ -432,6 +466,8 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     assert_eq!(rec.sample_config.earliest_end, Some(20));
     assert_eq!(rec.prompt.as_ref().and_then(|p| p.bars), Some(2));
     assert_eq!(rec.model.weights_sha256.len(), 64);
+    // `auto` recorded as what it resolved to, and replayed as that
+    assert_ne!(rec.precision, cadenza::model::Precision::Auto);
     assert_eq!(rec.command, rec.generate_args());
     let (r2, t2) = piece("r2");
     let mut again = rec.generate_args();

@@ -211,7 +211,8 @@ pub struct PieceRecord {
     pub seed: u64,
     /// `--device` as resolved (e.g. `cpu`, `cuda:0`).
     pub device: String,
-    /// `--precision` as resolved (`f32` or `bf16`).
+    /// `--precision` as resolved (`f32` or `bf16`; records from before it: f32).
+    #[serde(default = "crate::model::precision::f32_before_it_was_recorded")]
     pub precision: crate::model::Precision,
     /// None when the piece started from nothing.
     pub prompt: Option<PromptRecord>,
@@ -255,6 +256,7 @@ impl PieceRecord {
         }
         flag("--seed", self.seed.to_string());
         flag("--device", self.device.clone());
+        flag("--precision", self.precision.to_string());
         flag("--num-samples", self.num_samples.to_string());
         flag("--tokens", c.max_tokens.to_string());
         flag("--temperature", c.temperature.to_string());

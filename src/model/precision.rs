@@ -75,6 +75,12 @@ impl std::fmt::Display for Precision {
     }
 }
 
+/// The precision of a config, report or record written before the precision was saved
+/// in it: everything ran in f32 then (a serde default).
+pub fn f32_before_it_was_recorded() -> Precision {
+    Precision::F32
+}
+
 /// A precision made concrete ([`Precision::F32`] or [`Precision::Bf16`]) and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolved {

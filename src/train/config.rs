@@ -39,13 +39,8 @@ pub struct TrainConfig {
     /// Precision of the model's dense products (see `model::precision`). A new run's
     /// `auto` is resolved for its device before the config is saved, so a saved run holds
     /// `f32` or `bf16` and resumes with it; runs saved before this field trained in f32.
-    #[serde(default = "precision_of_older_runs")]
+    #[serde(default = "crate::model::precision::f32_before_it_was_recorded")]
     pub precision: Precision,
-}
-
-/// The precision of a run saved before [`TrainConfig::precision`] existed.
-fn precision_of_older_runs() -> Precision {
-    Precision::F32
 }
 
 impl Default for TrainConfig {

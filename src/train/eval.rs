@@ -44,7 +44,7 @@ pub struct Bin {
 pub struct EvalReport {
     pub model: String,
     /// The precision the model ran in (f32 or bf16; reports from before it: f32).
-    #[serde(default = "f32_of_older_reports")]
+    #[serde(default = "crate::model::precision::f32_before_it_was_recorded")]
     pub precision: crate::model::Precision,
     pub positional: String,
     pub train_len: usize,
@@ -140,11 +140,6 @@ pub fn eval_pieces(data: &[PathBuf], m: &LoadedModel) -> Result<(String, Vec<dat
         }
     }
     Ok((format!("{} MIDI files", files.len()), pieces))
-}
-
-/// The precision of a report written before [`EvalReport::precision`] existed.
-fn f32_of_older_reports() -> crate::model::Precision {
-    crate::model::Precision::F32
 }
 
 pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
