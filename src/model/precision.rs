@@ -6,7 +6,10 @@
 //!   and output projections, the feed-forward layers, the output head), rounded to nearest
 //!   even; libtorch accumulates their products in f32 and rounds the result to bf16, which
 //!   comes back as f32 (PyTorch's `torch.autocast("cpu", dtype=torch.bfloat16)` does the same
-//!   to these products).
+//!   to these products). Where libtorch's bf16 product is slow (a CPU without AMX-BF16 or
+//!   AVX512-BF16), the same numbers come from f32 kernels on bf16-rounded values, forward
+//!   and backward ([`bf16_linear`]): bf16 then costs a little more than f32 there, and
+//!   `auto` does not pick it.
 //! * **f32, always:** the master weights and AdamW's moments; embeddings, layer norms,
 //!   residual sums, GELU; the softmax, its log-sum-exp and the loss; FAVOR+'s feature maps,
 //!   prefix sums and normalizers; the SPE filters and their statistics; RoPE. The fused C++
@@ -213,10 +216,36 @@ pub fn dense_weight(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
     if !bf16_active() || x.kind() != Kind::Float {
         return x.linear(w, b);
     }
-    let y = x
-        .to_kind(Kind::BFloat16)
-        .linear::<Tensor>(&w.to_kind(Kind::BFloat16), None)
-        .to_kind(Kind::Float);
+    bf16_linear(x, w, b, native_bf16(x.device()))
+}
+
+/// Whether libtorch multiplies bf16 natively and fast on `device`: CUDA, or a CPU with
+/// AMX-BF16 or AVX512-BF16 (elsewhere its bf16 products are far slower than f32).
+pub fn native_bf16(device: Device) -> bool {
+    static CPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match device {
+        Device::Cpu => *CPU.get_or_init(|| {
+            let c = CpuBf16::detect();
+            c.amx_bf16 || c.avx512_bf16
+        }),
+        _ => true,
+    }
+}
+
+/// The bf16 product of [`dense`]: `native`, libtorch's bf16 matrix product (f32
+/// accumulation, bf16 result); otherwise the same numbers from f32 kernels: the inputs
+/// and the result rounded to bf16 around an f32 product (the product of two bf16 values
+/// is exact in f32, so only the order of the f32 sums differs). The gradients match too:
+/// the backward of each f32 -> bf16 -> f32 round trip rounds the gradient passing through
+/// it to bf16, as the bf16 product's own backward does.
+fn bf16_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>, native: bool) -> Tensor {
+    let bf = |t: &Tensor| t.to_kind(Kind::BFloat16);
+    let y = if native {
+        bf(x).linear::<Tensor>(&bf(w), None).to_kind(Kind::Float)
+    } else {
+        let round = |t: &Tensor| bf(t).to_kind(Kind::Float);
+        round(&round(x).linear::<Tensor>(&round(w), None))
+    };
     match b {
         Some(b) => y + b,
         None => y,
@@ -334,6 +363,40 @@ mod tests {
         assert!(r.is_err());
         assert!(!bf16_active(), "a panic inside the scope left bf16 set");
         scope(Precision::Auto, || assert!(!bf16_active()));
+    }
+
+    #[test]
+    fn emulated_bf16_products_are_the_native_ones_forward_and_backward() {
+        tch::manual_seed(8);
+        let x0 = Tensor::randn([6, 96], (Kind::Float, Device::Cpu));
+        let w0 = Tensor::randn([40, 96], (Kind::Float, Device::Cpu)) * 0.1;
+        let b0 = Tensor::randn([40], (Kind::Float, Device::Cpu));
+        let dy = Tensor::randn([6, 40], (Kind::Float, Device::Cpu));
+        let run = |native: bool| {
+            let x = x0.copy().set_requires_grad(true);
+            let w = w0.copy().set_requires_grad(true);
+            let y = bf16_linear(&x, &w, Some(&b0), native);
+            (&y * &dy).sum(Kind::Float).backward();
+            (y.detach(), x.grad(), w.grad())
+        };
+        let (yn, gxn, gwn) = run(true);
+        let (ye, gxe, gwe) = run(false);
+        // both are bf16 values (8 significant bits) of nearly the same f32 sums: equal
+        // or one bf16 step (2^-7 relative) apart
+        let ulp_apart = |a: &Tensor, b: &Tensor, what: &str| {
+            let scale = a.abs().max().double_value(&[]);
+            let err = (a - b).abs().max().double_value(&[]);
+            assert!(err <= scale * 2f64.powi(-7), "{what}: {err} of {scale}");
+        };
+        ulp_apart(&(&yn - &b0), &(&ye - &b0), "forward");
+        ulp_apart(&gxn, &gxe, "input gradient");
+        ulp_apart(&gwn, &gwe, "weight gradient");
+        // and the emulated gradients are bf16 values, as the native ones are
+        for g in [&gxe, &gwe, &gxn, &gwn] {
+            assert_eq!(g.kind(), Kind::Float);
+            let r = g.to_kind(Kind::BFloat16).to_kind(Kind::Float);
+            assert_eq!(&r, g, "a gradient that is not a bf16 value");
+        }
     }
 
     #[test]
