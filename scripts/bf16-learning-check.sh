@@ -13,7 +13,8 @@
 # multiplies bf16 about 70x slower than f32 and the defaults below are the size that fits.
 #
 # Environment: DATA [runs/folk-compact; made from $CADENZA_CORPUS/folk (default
-#   ../shared/corpus/folk) with vocab/remi-compact.json when missing], PRESET [tiny],
+#   ../shared/corpus/folk) with $VOCAB when missing], VOCAB [vocab/remi-compact.json,
+#   the shipped model's], PRESET [tiny],
 #   STEPS [300], SEQ_LEN [128], BATCH [8], LOCAL_HEADS [2], LOCAL_WINDOW [128],
 #   SEED [0], VAL_EVERY [50], EVAL_PIECES [300], DEVICE [cpu], THREADS [2],
 #   OUT [runs/bf16-check].
@@ -32,11 +33,12 @@ eval_pieces=${EVAL_PIECES:-300}
 device=${DEVICE:-cpu}
 threads=${THREADS:-2}
 out=${OUT:-runs/bf16-check}
+vocab=${VOCAB:-vocab/remi-compact.json}
 bin=target/release/cadenza-torch
 cargo build -q --release --bins
 corpus=${CADENZA_CORPUS:-../shared/corpus}
 if [ ! -f "$data/manifest.json" ]; then
-  target/release/cadenza tokenize "$corpus/folk" --vocab vocab/remi-compact.json -o "$data"
+  target/release/cadenza tokenize "$corpus/folk" --vocab "$vocab" -o "$data"
 fi
 mkdir -p "$out"
 cat > "$out/config.toml" <<TOML
@@ -55,7 +57,7 @@ run() { # name precision seed
   echo "== $1: $2, seed $3" >&2
   /usr/bin/time -f "$1: %e s" $bin train --data "$data" -o "$dir" --preset "$preset" \
     --config "$out/config.toml" --steps "$steps" --seq-len "$seq_len" --batch "$batch" \
-    --seed "$3" --precision "$2" --device "$device" --threads "$threads" 2> "$dir.log" >/dev/null \
+    --seed "$3" --vocab "$vocab" --precision "$2" --device "$device" --threads "$threads" 2> "$dir.log" >/dev/null \
     || { cat "$dir.log" >&2; exit 1; }
   tail -1 "$dir.log" >&2
   $bin eval --model "$dir" --max-len "$seq_len" --max-pieces "$eval_pieces" --precision "$2" \
