@@ -4,6 +4,12 @@
 //! tempos 2%, supported time signatures exact). Without velocity tokens
 //! (`velocities = false`) velocities are not compared: every note decodes at
 //! the config's `default_velocity`.
+//!
+//! A second stage follows the decoded score through a MIDI file, as
+//! `cadenza decode` writes it: `read(write(decode(encode(x))))`, quantized
+//! again, must give back every decoded note exactly (onset, duration, pitch,
+//! velocity, program, drum flag). Every note that does not is counted by
+//! reason ([`MidiLosses`]), so a round trip never loses a note silently.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +17,92 @@ use serde::Serialize;
 
 use crate::midi::{Note, Score, DEFAULT_US_PER_QUARTER};
 
-use super::{decode, encode, QuantizeReport, Vocab};
+use super::{decode, encode, quantize, to_output_resolution, QuantizeReport, Vocab};
+
+/// How the notes of a piece fared through tokens and a MIDI file:
+/// `quantize(x)` against `quantize(read(write(decode(encode(x)))))`, the
+/// file written by [`crate::midi::to_bytes`] and read by
+/// [`crate::midi::parse`]. Notes are grouped by (onset, pitch, program, drum
+/// flag); within a group, notes equal in duration and velocity are matched
+/// first. `kept + changed + missing` is the number of quantized notes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MidiLosses {
+    /// Notes that came back exactly.
+    pub kept: usize,
+    /// Notes that came back at their onset but with another duration or
+    /// velocity: a note-off was paired with the wrong note-on.
+    pub changed: usize,
+    /// Notes with nothing left at their onset, pitch and program.
+    pub missing: usize,
+    /// Notes read back that the quantized input does not have.
+    pub extra: usize,
+    /// The decoded score could not be written or its file not read (every
+    /// note is then counted as missing).
+    pub unwritable: bool,
+}
+
+impl MidiLosses {
+    /// Notes that did not come back exactly.
+    pub fn lost(&self) -> usize {
+        self.changed + self.missing
+    }
+
+    /// Adds another file's counts.
+    pub fn add(&mut self, other: &MidiLosses) {
+        self.kept += other.kept;
+        self.changed += other.changed;
+        self.missing += other.missing;
+        self.extra += other.extra;
+        self.unwritable |= other.unwritable;
+    }
+}
+
+/// Writes a decoded score (on the grid) to MIDI bytes as `cadenza decode`
+/// does, reads them back and quantizes the result onto the grid again.
+pub fn midi_round_trip(decoded: &Score, vocab: &Vocab) -> Result<Score, String> {
+    let bytes = crate::midi::to_bytes(&to_output_resolution(decoded))
+        .map_err(|e| format!("cannot write the decoded score: {e:#}"))?;
+    let (back, _) = crate::midi::parse(&bytes)
+        .map_err(|e| format!("cannot read the written file back: {e}"))?;
+    Ok(quantize(&back, vocab.config()).0)
+}
+
+/// Matches `want` against `got` (both on the same grid), see [`MidiLosses`].
+pub fn compare_notes(want: &[Note], got: &[Note]) -> MidiLosses {
+    type Onset = (u64, u8, u8, bool);
+    let onset = |n: &Note| (n.start, n.pitch, n.program, n.is_drum);
+    let mut groups: BTreeMap<Onset, (Vec<(u64, u8)>, Vec<(u64, u8)>)> = BTreeMap::new();
+    for n in want {
+        groups.entry(onset(n)).or_default().0.push((n.duration, n.velocity));
+    }
+    for n in got {
+        groups.entry(onset(n)).or_default().1.push((n.duration, n.velocity));
+    }
+    let mut out = MidiLosses::default();
+    for (_, (mut a, mut b)) in groups {
+        a.sort_unstable();
+        b.sort_unstable();
+        // Exact matches: a merge of the two sorted lists.
+        let (mut i, mut j, mut same) = (0, 0, 0);
+        while i < a.len() && j < b.len() {
+            match a[i].cmp(&b[j]) {
+                std::cmp::Ordering::Equal => {
+                    same += 1;
+                    i += 1;
+                    j += 1;
+                }
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+            }
+        }
+        let changed = a.len().min(b.len()) - same;
+        out.kept += same;
+        out.changed += changed;
+        out.missing += a.len() - same - changed;
+        out.extra += b.len() - same - changed;
+    }
+    out
+}
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Fidelity {
@@ -36,6 +127,9 @@ pub struct Fidelity {
     pub not_quantized_exactly: bool,
     /// encode(decode(tokens)) differs from tokens.
     pub tokens_not_stable: bool,
+    /// The quantized input against what a MIDI file of the decoded score
+    /// gives back ([`midi_round_trip`]).
+    pub midi: MidiLosses,
 }
 
 impl Fidelity {
@@ -49,6 +143,16 @@ impl Fidelity {
             && self.skipped_tokens == 0
             && !self.not_quantized_exactly
             && !self.tokens_not_stable
+            && self.midi.lost() == 0
+            && self.midi.extra == 0
+            && !self.midi.unwritable
+    }
+
+    /// Notes of the input that came back exactly through tokens and a MIDI
+    /// file (notes out of the pitch range and notes lost on the way are not).
+    /// `notes == notes_back() + dropped_out_of_range + midi.lost()`.
+    pub fn notes_back(&self) -> usize {
+        self.midi.kept
     }
 }
 
@@ -86,6 +190,14 @@ pub fn measure(score: &Score, vocab: &Vocab) -> Fidelity {
         not_quantized_exactly: decoded != quantized,
         tokens_not_stable: super::encode_quantized(&decoded, vocab) != ids,
         ..Default::default()
+    };
+    f.midi = match midi_round_trip(&decoded, vocab) {
+        Ok(back) => compare_notes(&quantized.notes, &back.notes),
+        Err(_) => MidiLosses {
+            missing: quantized.notes.len(),
+            unwritable: true,
+            ..Default::default()
+        },
     };
     // Steps -> original ticks.
     let tpq = score.ticks_per_quarter.max(1) as f64;
