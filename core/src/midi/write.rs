@@ -1,18 +1,37 @@
 //! [`Score`] -> standard MIDI file (format 1: a tempo/meta track, then one
-//! track per instrument; drums on channel 10).
+//! track per instrument voice; drums on channel 10).
 //!
-//! Channels: with at most 15 melodic programs each gets a channel of its own
-//! (channel 10 is left to drums) and one program change at tick 0. With more,
-//! the 15 melodic channels are shared in time ([`allocate_channels`]): a note
-//! goes to a channel already set to its program, else to a channel with
-//! nothing sounding (a program change at the note's start, in the note's own
-//! track), else, when more than 15 programs sound at once, to the channel
-//! whose notes end soonest and that sounds no note of the same pitch (again
-//! with a program change at the note's start).
-//! So under the rule that MIDI players and readers follow (per channel, the
-//! last program change before a note-on decides its program), every note
-//! keeps its program; no two tracks put a program change and a note-on of
-//! another program on one channel at the same tick.
+//! Voices: the notes of one instrument (a program, or the drums) are split
+//! into as few voices as keep two notes of the same pitch from sounding at
+//! once in one voice ([`assign_voices`]); each voice is a track of its own,
+//! after the instrument's first. A score with no such overlap has one track
+//! per instrument. Since a reader pairs a note-off with a note-on of the same
+//! channel and pitch (first in, first out in ours, [`super::parse`]), a
+//! second note of a pitch that is already sounding would otherwise take the
+//! first one's note-off: both notes would come back with the wrong
+//! durations, or, in readers that end a note at the next note-on of its
+//! pitch, one of them would be lost.
+//!
+//! Channels: with at most 15 melodic voices each gets a channel of its own
+//! (channel 10 is left to drums) and one program change at tick 0, so even
+//! a reader that merges tracks by channel keeps every note. With more, the
+//! 15 melodic channels are shared in time ([`allocate_channels`]): a note
+//! goes to a channel already set to its program that sounds no note of its
+//! pitch, else to a channel with nothing sounding (a program change at the
+//! note's start, in the note's own track), else, when more than 15 programs
+//! sound at once, to the channel whose notes end soonest and that sounds no
+//! note of the same pitch (again with a program change at the note's
+//! start). So under the rule that MIDI players and readers follow (per
+//! channel, the last program change before a note-on decides its program),
+//! every note keeps its program; no two tracks put a program change and a
+//! note-on of another program on one channel at the same tick. Drum voices
+//! all play on channel 10: readers that pair per track (ours, and most
+//! libraries) keep overlapping drum notes of one pitch apart, a reader that
+//! merges tracks by channel may not.
+//!
+//! Within a track, at one tick note-offs come before note-ons (a repeated
+//! pitch is released before it is struck again), except the note-off of a
+//! note of no length, which follows its own note-on.
 
 use std::path::Path;
 
@@ -20,13 +39,72 @@ use anyhow::{bail, Context, Result};
 use midly::num::{u15, u24, u28, u4, u7};
 use midly::{Format, Header, MetaMessage, MidiMessage, Smf, Timing, TrackEvent, TrackEventKind};
 
-use super::score::Score;
+use super::score::{Note, Score};
 
-/// An instrument of the output: one track and one channel.
+/// An instrument of the output: a program, or the drums.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Instrument {
     is_drum: bool,
     program: u8,
+}
+
+impl Instrument {
+    fn of(n: &Note) -> Instrument {
+        Instrument {
+            is_drum: n.is_drum,
+            program: if n.is_drum { 0 } else { n.program },
+        }
+    }
+}
+
+/// One track of the output: a voice of an instrument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Layer {
+    instrument: Instrument,
+    voice: u32,
+}
+
+/// The end of a note as far as sharing a key goes: a note of no length
+/// still holds its key for its own tick.
+fn held_until(n: &Note) -> u64 {
+    n.end().max(n.start + 1)
+}
+
+/// Splits each instrument's notes into voices such that no two notes of one
+/// voice hold the same pitch at once (a note may start where another ends):
+/// per note of `score` (by index), its voice, 0 for every note that overlaps
+/// nothing. Greedy in onset order, a note takes the lowest voice whose last
+/// note of that pitch has ended, which uses as few voices as the most notes
+/// of one pitch sounding together.
+fn assign_voices(score: &Score) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..score.notes.len()).collect();
+    order.sort_by_key(|&i| {
+        let n = &score.notes[i];
+        (Instrument::of(n), n.pitch, n.start, held_until(n), i)
+    });
+    let mut voices = vec![0u32; score.notes.len()];
+    // The end of the last note of each voice, for the current (instrument,
+    // pitch): most of the time one entry.
+    let mut ends: Vec<u64> = Vec::new();
+    let mut current: Option<(Instrument, u8)> = None;
+    for i in order {
+        let n = &score.notes[i];
+        let key = (Instrument::of(n), n.pitch);
+        if current != Some(key) {
+            current = Some(key);
+            ends.clear();
+        }
+        let v = match ends.iter().position(|&e| e <= n.start) {
+            Some(v) => v,
+            None => {
+                ends.push(0);
+                ends.len() - 1
+            }
+        };
+        ends[v] = held_until(n);
+        voices[i] = v as u32;
+    }
+    voices
 }
 
 fn to_u7(value: u8, what: &str) -> Result<u7> {
@@ -76,25 +154,41 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
         meta.into_iter().map(|(t, _, e)| (t, e)).collect(),
     )?);
 
-    let mut instruments: Vec<Instrument> = score
+    // Per note: its instrument's voice (see `assign_voices`); one track per
+    // (instrument, voice), voices of an instrument next to each other.
+    let voices = assign_voices(score);
+    let mut layers: Vec<Layer> = score
         .notes
         .iter()
-        .map(|n| Instrument {
-            is_drum: n.is_drum,
-            program: if n.is_drum { 0 } else { n.program },
+        .zip(&voices)
+        .map(|(n, &voice)| Layer {
+            instrument: Instrument::of(n),
+            voice,
         })
         .collect();
-    instruments.sort();
-    instruments.dedup();
-    let melodic = instruments.iter().filter(|i| !i.is_drum).count();
+    layers.sort();
+    layers.dedup();
+    let melodic = layers.iter().filter(|l| !l.instrument.is_drum).count();
     // Per note: its channel and whether a program change precedes it.
     let shared = if melodic > MELODIC_CHANNELS.len() {
         Some(allocate_channels(score))
     } else {
         None
     };
+    // Each layer's notes, in score order.
+    let mut notes_of: std::collections::BTreeMap<Layer, Vec<usize>> = Default::default();
+    for (i, n) in score.notes.iter().enumerate() {
+        notes_of
+            .entry(Layer {
+                instrument: Instrument::of(n),
+                voice: voices[i],
+            })
+            .or_default()
+            .push(i);
+    }
     let mut melodic_index = 0usize;
-    for inst in instruments {
+    for layer in layers {
+        let inst = layer.instrument;
         let channel = if inst.is_drum {
             9
         } else {
@@ -113,11 +207,8 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
                 },
             ));
         }
-        for (i, n) in
-            score.notes.iter().enumerate().filter(|(_, n)| {
-                n.is_drum == inst.is_drum && (n.is_drum || n.program == inst.program)
-            })
-        {
+        for &i in &notes_of[&layer] {
+            let n = &score.notes[i];
             let ch = match (&shared, n.is_drum) {
                 (Some(alloc), false) => {
                     let (c, change) = alloc[i];
@@ -138,10 +229,11 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
             let key = to_u7(n.pitch, "pitch")?;
             let vel = to_u7(n.velocity.max(1), "velocity")?;
             // Note-offs sort before note-ons at the same tick, so a repeated
-            // pitch is released before it is struck again.
+            // pitch is released before it is struck again; the note-off of a
+            // note of no length follows its own note-on.
             evs.push((
                 n.end(),
-                1,
+                if n.duration == 0 { 3 } else { 1 },
                 TrackEventKind::Midi {
                     channel: ch,
                     message: MidiMessage::NoteOff {
@@ -201,7 +293,16 @@ pub fn allocate_channels(score: &Score) -> Vec<(u8, bool)> {
     for i in order {
         let n = &score.notes[i];
         let end = n.end().max(n.start + 1);
-        let same = (0..15).find(|&c| chans[c].program == Some(n.program));
+        // A channel already set to this program, unless a note of this pitch
+        // sounds on it (a reader would pair their note-offs by the channel).
+        let same = (0..15).find(|&c| {
+            let ch = &chans[c];
+            ch.program == Some(n.program)
+                && !ch
+                    .sounding
+                    .iter()
+                    .any(|&(e, p)| p == n.pitch && e > n.start)
+        });
         // A note of this pitch ending right now on another track could be
         // ordered after this note-on by a reader: avoid such a channel.
         let idle = || {
