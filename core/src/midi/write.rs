@@ -283,6 +283,8 @@ pub fn allocate_channels(score: &Score) -> Vec<(u8, bool)> {
         last_start: Option<u64>,
         /// (end, pitch) of its notes, for the pitches still sounding.
         sounding: Vec<(u64, u8)>,
+        /// Tick of its latest program change.
+        changed_at: Option<u64>,
     }
     let mut chans: Vec<Channel> = vec![Channel::default(); 15];
     let mut out = vec![(9u8, false); score.notes.len()];
@@ -332,11 +334,18 @@ pub fn allocate_channels(score: &Score) -> Vec<(u8, bool)> {
                 })
                 .unwrap_or(0)
         };
+        // A program change at this very tick may lie in another voice's
+        // track, which a reader may meet after this note-on: repeat it in
+        // this note's track (a change to the program the channel has is
+        // harmless).
         let (c, change) = match same {
-            Some(c) => (c, false),
+            Some(c) => (c, chans[c].changed_at == Some(n.start)),
             None => (idle().unwrap_or_else(busy), true),
         };
         let ch = &mut chans[c];
+        if change {
+            ch.changed_at = Some(n.start);
+        }
         ch.program = Some(n.program);
         ch.busy_until = ch.busy_until.max(end);
         ch.last_start = Some(n.start);
@@ -375,4 +384,294 @@ fn delta(d: u64) -> Result<u28> {
         bail!("a gap of {d} ticks between events is too long for MIDI");
     }
     Ok(u28::new(d as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::midi::parse;
+
+    fn note(start: u64, duration: u64, pitch: u8, velocity: u8, program: u8) -> Note {
+        Note {
+            start,
+            duration,
+            pitch,
+            velocity,
+            program,
+            channel: 0,
+            is_drum: false,
+        }
+    }
+
+    fn drum(start: u64, duration: u64, pitch: u8) -> Note {
+        Note {
+            channel: 9,
+            is_drum: true,
+            ..note(start, duration, pitch, 100, 0)
+        }
+    }
+
+    fn score(notes: Vec<Note>) -> Score {
+        let mut s = Score::new(480);
+        s.notes = notes;
+        s.sort();
+        s
+    }
+
+    /// What a note is, channel aside: (start, duration, pitch, velocity,
+    /// program or 128 for drums).
+    type Key = (u64, u64, u8, u8, u8);
+
+    fn keys(notes: &[Note]) -> Vec<Key> {
+        let mut v: Vec<Key> = notes
+            .iter()
+            .map(|n| {
+                let p = if n.is_drum { 128 } else { n.program };
+                (n.start, n.duration, n.pitch, n.velocity, p)
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The notes as a reader that merges all tracks and pairs note-offs per
+    /// (channel, pitch), first in first out, would see them.
+    fn by_channel(bytes: &[u8]) -> Vec<Key> {
+        let smf = Smf::parse(bytes).unwrap();
+        let mut evs = Vec::new();
+        for (ti, t) in smf.tracks.iter().enumerate() {
+            let mut tick = 0u64;
+            for (ei, e) in t.iter().enumerate() {
+                tick += e.delta.as_int() as u64;
+                evs.push((tick, ti, ei, e.kind));
+            }
+        }
+        evs.sort_by_key(|&(t, ti, ei, _)| (t, ti, ei));
+        let mut program = [0u8; 16];
+        let mut open: std::collections::HashMap<(u8, u8), std::collections::VecDeque<_>> =
+            Default::default();
+        let mut out = Vec::new();
+        for (tick, _, _, kind) in evs {
+            let TrackEventKind::Midi { channel, message } = kind else {
+                continue;
+            };
+            let ch = channel.as_int();
+            match message {
+                MidiMessage::ProgramChange { program: p } => program[ch as usize] = p.as_int(),
+                MidiMessage::NoteOn { key, vel } if vel.as_int() > 0 => {
+                    let p = if ch == 9 { 128 } else { program[ch as usize] };
+                    open.entry((ch, key.as_int()))
+                        .or_default()
+                        .push_back((tick, vel.as_int(), p));
+                }
+                MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
+                    if let Some((start, vel, p)) =
+                        open.get_mut(&(ch, key.as_int())).and_then(|q| q.pop_front())
+                    {
+                        out.push((start, tick - start, key.as_int(), vel, p));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Writes `s`, reads it back with our reader, and checks every note came
+    /// back; returns the bytes.
+    fn round_trip(s: &Score) -> Vec<u8> {
+        let bytes = to_bytes(s).unwrap();
+        let (back, report) = parse(&bytes).unwrap();
+        assert_eq!(keys(&back.notes), keys(&s.notes), "our reader");
+        assert_eq!(report.orphan_note_offs, 0);
+        assert_eq!(report.unclosed_notes, 0);
+        bytes
+    }
+
+    fn track_count(bytes: &[u8]) -> usize {
+        Smf::parse(bytes).unwrap().tracks.len()
+    }
+
+    #[test]
+    fn same_program_notes_of_one_pitch_that_overlap_come_back() {
+        // Pairs of notes of one program and pitch, as two tracks of a file
+        // would give them: each pair lost or swapped durations (or
+        // velocities) when both shared a track and a channel.
+        let cases = [
+            // One inside the other: first in, first out swapped their ends.
+            vec![note(0, 960, 60, 80, 0), note(240, 240, 60, 80, 0)],
+            // Crossing.
+            vec![note(0, 480, 60, 80, 0), note(240, 480, 60, 80, 0)],
+            // Identical notes (same onset, pitch and program).
+            vec![note(0, 480, 60, 80, 0), note(0, 480, 60, 80, 0)],
+            // Same onset, the louder one shorter.
+            vec![note(0, 960, 60, 40, 0), note(0, 240, 60, 100, 0)],
+            // Same end.
+            vec![note(0, 960, 60, 80, 5), note(480, 480, 60, 90, 5)],
+            // Three deep, with a note of another pitch and program.
+            vec![
+                note(0, 1920, 64, 70, 40),
+                note(240, 960, 64, 80, 40),
+                note(480, 240, 64, 90, 40),
+                note(480, 240, 65, 90, 41),
+            ],
+        ];
+        for notes in cases {
+            let s = score(notes.clone());
+            let bytes = round_trip(&s);
+            // Few voices: each has a channel, so a reader that merges
+            // tracks by channel keeps every note too.
+            assert_eq!(by_channel(&bytes), keys(&s.notes), "{notes:?}");
+            let instruments = {
+                let mut p: Vec<u8> = notes.iter().map(|n| n.program).collect();
+                p.dedup();
+                p.len()
+            };
+            assert!(track_count(&bytes) > 1 + instruments, "{notes:?}");
+        }
+    }
+
+    #[test]
+    fn notes_that_never_overlap_keep_one_track_per_instrument() {
+        // Repeated and legato notes of one pitch (one starts where the last
+        // ends), chords: one voice.
+        let s = score(vec![
+            note(0, 480, 60, 80, 0),
+            note(480, 480, 60, 80, 0),
+            note(960, 240, 60, 80, 0),
+            note(960, 240, 64, 80, 0),
+            note(0, 960, 60, 80, 33),
+            drum(0, 120, 36),
+            drum(120, 120, 36),
+        ]);
+        let bytes = round_trip(&s);
+        assert_eq!(track_count(&bytes), 1 + 3);
+        assert_eq!(by_channel(&bytes), keys(&s.notes));
+        assert_eq!(assign_voices(&s), vec![0; s.notes.len()]);
+    }
+
+    #[test]
+    fn voices_are_as_few_as_the_deepest_overlap() {
+        // At most two notes of pitch 60 sound together, although five
+        // overlap something: two voices.
+        let s = score(vec![
+            note(0, 480, 60, 80, 0),
+            note(240, 480, 60, 80, 0),
+            note(480, 480, 60, 80, 0),
+            note(720, 480, 60, 80, 0),
+            note(960, 480, 60, 80, 0),
+        ]);
+        let v = assign_voices(&s);
+        assert_eq!(v.iter().max(), Some(&1));
+        assert_eq!(track_count(&round_trip(&s)), 1 + 2);
+    }
+
+    #[test]
+    fn overlapping_drums_come_back_on_channel_10() {
+        let s = score(vec![drum(0, 480, 38), drum(120, 120, 38), drum(0, 480, 38)]);
+        let bytes = round_trip(&s);
+        let (back, _) = parse(&bytes).unwrap();
+        assert!(back.notes.iter().all(|n| n.is_drum && n.channel == 9));
+        assert_eq!(track_count(&bytes), 1 + 3);
+    }
+
+    #[test]
+    fn notes_of_no_length_come_back() {
+        let s = score(vec![
+            note(0, 0, 60, 80, 0),
+            note(0, 480, 60, 80, 0),
+            note(480, 0, 60, 80, 0),
+            note(960, 0, 62, 80, 0),
+        ]);
+        let bytes = round_trip(&s);
+        assert_eq!(by_channel(&bytes), keys(&s.notes));
+    }
+
+    #[test]
+    fn more_voices_than_channels_keep_every_note_and_program() {
+        // Ten programs, each with two voices (a note inside another): 20
+        // melodic tracks share the 15 channels; distinct pitches per program,
+        // so a reader by channel keeps them too.
+        let mut notes = Vec::new();
+        for k in 0..10u8 {
+            let p = 40 + 2 * k;
+            notes.push(note(0, 1920, p, 80, k * 7));
+            notes.push(note(480, 480, p, 90, k * 7));
+            notes.push(note(1920, 480, p + 1, 70, k * 7));
+        }
+        let s = score(notes);
+        let bytes = round_trip(&s);
+        assert_eq!(track_count(&bytes), 1 + 20);
+        assert_eq!(by_channel(&bytes), keys(&s.notes));
+        // Twenty notes of one pitch and program sounding together (more than
+        // the channels): our reader, which pairs per track, keeps them all.
+        let deep = score((0..20).map(|i| note(i * 10, 2000, 60, 80, 1)).collect());
+        round_trip(&deep);
+    }
+
+    #[test]
+    fn generated_scores_with_shared_programs_come_back() {
+        // A fixed pseudo-random series: notes of few pitches and programs,
+        // so that overlaps on one pitch are common, sometimes with more
+        // than 15 voices.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) % n
+        };
+        for case in 0..200 {
+            let programs = 1 + next(if case % 4 == 0 { 24 } else { 4 });
+            let count = 2 + next(60);
+            let notes = (0..count)
+                .map(|_| {
+                    let n = note(
+                        next(16) * 120,
+                        next(12) * 60,
+                        60 + next(3) as u8,
+                        1 + next(127) as u8,
+                        (next(programs) * 5) as u8,
+                    );
+                    if next(8) == 0 {
+                        Note {
+                            channel: 9,
+                            is_drum: true,
+                            program: 0,
+                            ..n
+                        }
+                    } else {
+                        n
+                    }
+                })
+                .collect();
+            let sc = score(notes);
+            let bytes = round_trip(&sc);
+            // A reader by channel: every note-on keeps its program (in
+            // shared channels too) ...
+            let onsets = |k: &[Key]| {
+                let mut v: Vec<_> = k.iter().map(|&(s, _, p, _, prog)| (s, p, prog)).collect();
+                v.sort_unstable();
+                v
+            };
+            let seen = by_channel(&bytes);
+            assert_eq!(onsets(&seen), onsets(&keys(&sc.notes)), "case {case}");
+            // ... and, when every melodic voice has a channel and drums do
+            // not overlap, every note its duration and velocity.
+            let voices = assign_voices(&sc);
+            let mut layers: Vec<_> = sc
+                .notes
+                .iter()
+                .zip(&voices)
+                .map(|(n, &v)| (n.is_drum, n.program, v))
+                .collect();
+            layers.sort_unstable();
+            layers.dedup();
+            if layers.iter().filter(|l| !l.0).count() <= 15 && !layers.iter().any(|l| l.0 && l.2 > 0)
+            {
+                assert_eq!(seen, keys(&sc.notes), "case {case}");
+            }
+        }
+    }
 }
