@@ -465,8 +465,9 @@ mod tests {
                         .push_back((tick, vel.as_int(), p));
                 }
                 MidiMessage::NoteOn { key, .. } | MidiMessage::NoteOff { key, .. } => {
-                    if let Some((start, vel, p)) =
-                        open.get_mut(&(ch, key.as_int())).and_then(|q| q.pop_front())
+                    if let Some((start, vel, p)) = open
+                        .get_mut(&(ch, key.as_int()))
+                        .and_then(|q| q.pop_front())
                     {
                         out.push((start, tick - start, key.as_int(), vel, p));
                     }
@@ -668,7 +669,8 @@ mod tests {
                 .collect();
             layers.sort_unstable();
             layers.dedup();
-            if layers.iter().filter(|l| !l.0).count() <= 15 && !layers.iter().any(|l| l.0 && l.2 > 0)
+            if layers.iter().filter(|l| !l.0).count() <= 15
+                && !layers.iter().any(|l| l.0 && l.2 > 0)
             {
                 assert_eq!(seen, keys(&sc.notes), "case {case}");
             }
