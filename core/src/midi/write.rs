@@ -612,6 +612,30 @@ mod tests {
     }
 
     #[test]
+    fn shared_channels_keep_every_note_for_a_reader_by_channel() {
+        // 18 programs one after another, then all at once, then in
+        // overlapping pairs, with one program holding a pitch twice: the
+        // shared channels must still keep notes apart for a reader that
+        // merges tracks by channel.
+        let mut notes = Vec::new();
+        for k in 0..18u8 {
+            let p = k * 7;
+            notes.push(note(k as u64 * 480, 480, 50 + k, 80, p));
+            notes.push(note(18 * 480, 1440, 50 + k, 80, p));
+            notes.push(note(24 * 480 + k as u64 * 240, 480, 70 + k, 80, p));
+            notes.push(note(24 * 480 + k as u64 * 240, 240, 71 + k, 80, p));
+        }
+        notes.push(note(18 * 480 + 240, 480, 50, 100, 0));
+        for i in 0..30u64 {
+            notes.push(drum(i * 480, 120, 42));
+        }
+        let s = score(notes);
+        let bytes = round_trip(&s);
+        assert_eq!(track_count(&bytes), 1 + 19 + 1);
+        assert_eq!(by_channel(&bytes), keys(&s.notes));
+    }
+
+    #[test]
     fn generated_scores_with_shared_programs_come_back() {
         // A fixed pseudo-random series: notes of few pitches and programs,
         // so that overlaps on one pitch are common, sometimes with more
