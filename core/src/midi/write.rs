@@ -3,8 +3,8 @@
 //!
 //! Voices: the notes of one instrument (a program, or the drums) are split
 //! into as few voices as keep two notes of the same pitch from sounding at
-//! once in one voice ([`assign_voices`]); each voice is a track of its own,
-//! after the instrument's first. A score with no such overlap has one track
+//! once in one voice ([`assign_voices`], at most [`MAX_VOICES`]); each voice
+//! is a track of its own, after the instrument's first. A score with no such overlap has one track
 //! per instrument. Since a reader pairs a note-off with a note-on of the same
 //! channel and pitch (first in, first out in ours, [`super::parse`]), a
 //! second note of a pitch that is already sounding would otherwise take the
@@ -67,42 +67,74 @@ struct Layer {
 /// The end of a note as far as sharing a key goes: a note of no length
 /// still holds its key for its own tick.
 fn held_until(n: &Note) -> u64 {
-    n.end().max(n.start + 1)
+    n.start
+        .saturating_add(n.duration)
+        .max(n.start.saturating_add(1))
 }
+
+/// The most voices (tracks) of one instrument. Real music never comes near
+/// it; it keeps a hostile score (thousands of copies of one note) within
+/// MIDI's 65,535 tracks. Notes beyond it share the last voice, where a
+/// reader may pair them wrongly (a round trip counts them).
+pub const MAX_VOICES: u32 = 256;
 
 /// Splits each instrument's notes into voices such that no two notes of one
 /// voice hold the same pitch at once (a note may start where another ends):
 /// per note of `score` (by index), its voice, 0 for every note that overlaps
 /// nothing. Greedy in onset order, a note takes the lowest voice whose last
 /// note of that pitch has ended, which uses as few voices as the most notes
-/// of one pitch sounding together.
+/// of one pitch sounding together (up to [`MAX_VOICES`]).
 fn assign_voices(score: &Score) -> Vec<u32> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
     let mut order: Vec<usize> = (0..score.notes.len()).collect();
     order.sort_by_key(|&i| {
         let n = &score.notes[i];
         (Instrument::of(n), n.pitch, n.start, held_until(n), i)
     });
     let mut voices = vec![0u32; score.notes.len()];
-    // The end of the last note of each voice, for the current (instrument,
-    // pitch): most of the time one entry.
-    let mut ends: Vec<u64> = Vec::new();
+    // For the current (instrument, pitch): until when each voice is held,
+    // the held ones by end (entries whose voice was taken again since are
+    // stale), and the free ones.
+    let mut held_to: Vec<u64> = Vec::new();
+    let mut is_free: Vec<bool> = Vec::new();
+    let mut held: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
+    let mut free: BinaryHeap<Reverse<u32>> = BinaryHeap::new();
     let mut current: Option<(Instrument, u8)> = None;
     for i in order {
         let n = &score.notes[i];
         let key = (Instrument::of(n), n.pitch);
         if current != Some(key) {
             current = Some(key);
-            ends.clear();
+            held_to.clear();
+            is_free.clear();
+            held.clear();
+            free.clear();
         }
-        let v = match ends.iter().position(|&e| e <= n.start) {
-            Some(v) => v,
-            None => {
-                ends.push(0);
-                ends.len() - 1
+        while let Some(&Reverse((end, v))) = held.peek() {
+            if end > n.start {
+                break;
             }
+            held.pop();
+            if held_to[v as usize] == end && !is_free[v as usize] {
+                is_free[v as usize] = true;
+                free.push(Reverse(v));
+            }
+        }
+        let v = match free.pop() {
+            Some(Reverse(v)) => v,
+            None if (held_to.len() as u32) < MAX_VOICES => {
+                held_to.push(0);
+                is_free.push(false);
+                held_to.len() as u32 - 1
+            }
+            None => MAX_VOICES - 1,
         };
-        ends[v] = held_until(n);
-        voices[i] = v as u32;
+        let end = held_to[v as usize].max(held_until(n));
+        held_to[v as usize] = end;
+        is_free[v as usize] = false;
+        held.push(Reverse((end, v)));
+        voices[i] = v;
     }
     voices
 }
@@ -566,6 +598,18 @@ mod tests {
         let v = assign_voices(&s);
         assert_eq!(v.iter().max(), Some(&1));
         assert_eq!(track_count(&round_trip(&s)), 1 + 2);
+    }
+
+    #[test]
+    fn thousands_of_copies_of_one_note_stay_within_max_voices() {
+        let s = score((0..1000).map(|_| note(0, 480, 60, 80, 0)).collect());
+        let v = assign_voices(&s);
+        assert_eq!(v.iter().max(), Some(&(MAX_VOICES - 1)));
+        let bytes = to_bytes(&s).unwrap();
+        assert_eq!(track_count(&bytes), 1 + MAX_VOICES as usize);
+        // Identical notes: however they pair, each comes back.
+        let (back, _) = parse(&bytes).unwrap();
+        assert_eq!(keys(&back.notes), keys(&s.notes));
     }
 
     #[test]
