@@ -4,8 +4,8 @@
 //! Voices: the notes of one instrument (a program, or the drums) are split
 //! into as few voices as keep two notes of the same pitch from sounding at
 //! once in one voice ([`assign_voices`], at most [`MAX_VOICES`]); each voice
-//! is a track of its own, after the instrument's first. A score with no such overlap has one track
-//! per instrument. Since a reader pairs a note-off with a note-on of the same
+//! is a track of its own, after the instrument's first. A score with no such
+//! overlap has one track per instrument. Since a reader pairs a note-off with a note-on of the same
 //! channel and pitch (first in, first out in ours, [`super::parse`]), a
 //! second note of a pitch that is already sounding would otherwise take the
 //! first one's note-off: both notes would come back with the wrong
@@ -21,7 +21,10 @@
 //! note's start, in the note's own track), else, when more than 15 programs
 //! sound at once, to the channel whose notes end soonest and that sounds no
 //! note of the same pitch (again with a program change at the note's
-//! start). So under the rule that MIDI players and readers follow (per
+//! start). A note of another voice that takes a channel at the tick of its
+//! program change repeats that change in its own track, as a reader may
+//! meet its note-on before the other track's change. So under the rule that
+//! MIDI players and readers follow (per
 //! channel, the last program change before a note-on decides its program),
 //! every note keeps its program; no two tracks put a program change and a
 //! note-on of another program on one channel at the same tick. Drum voices
