@@ -9,4 +9,4 @@ pub use read::{
     ReadReport, SMPTE_TICKS_PER_QUARTER,
 };
 pub use score::{Note, Score, TempoChange, TimeSignature, DEFAULT_US_PER_QUARTER};
-pub use write::{to_bytes, write_file};
+pub use write::{to_bytes, write_file, MAX_VOICES};

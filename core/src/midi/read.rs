@@ -425,3 +425,85 @@ fn make_note(start: u64, end: u64, pitch: u8, velocity: u8, program: u8, channel
         is_drum,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use midly::num::{u15, u28, u4, u7};
+    use midly::{Header, Smf, TrackEvent};
+
+    /// (delta, channel, key, velocity): velocity 0 is a note-off.
+    fn track(events: &[(u32, u8, u8, u8)]) -> Vec<TrackEvent<'static>> {
+        let mut t: Vec<TrackEvent<'static>> = events
+            .iter()
+            .map(|&(delta, ch, key, vel)| TrackEvent {
+                delta: u28::new(delta),
+                kind: TrackEventKind::Midi {
+                    channel: u4::new(ch),
+                    message: if vel > 0 {
+                        MidiMessage::NoteOn {
+                            key: u7::new(key),
+                            vel: u7::new(vel),
+                        }
+                    } else {
+                        MidiMessage::NoteOff {
+                            key: u7::new(key),
+                            vel: u7::new(0),
+                        }
+                    },
+                },
+            })
+            .collect();
+        t.push(TrackEvent {
+            delta: u28::new(0),
+            kind: TrackEventKind::Meta(MetaMessage::EndOfTrack),
+        });
+        t
+    }
+
+    fn file(tracks: Vec<Vec<TrackEvent<'static>>>) -> Vec<u8> {
+        let smf = Smf {
+            header: Header::new(Format::Parallel, Timing::Metrical(u15::new(480))),
+            tracks,
+        };
+        let mut out = Vec::new();
+        smf.write_std(&mut out).unwrap();
+        out
+    }
+
+    fn spans(score: &Score) -> Vec<(u64, u64, u8, u8)> {
+        score
+            .notes
+            .iter()
+            .map(|n| (n.start, n.duration, n.pitch, n.velocity))
+            .collect()
+    }
+
+    #[test]
+    fn tracks_on_one_channel_pair_their_own_notes() {
+        // Two tracks on channel 0, one pitch: 0..960 in the first, 240..480
+        // in the second. Merged by channel, the first note-off (480) would
+        // end the first note.
+        let bytes = file(vec![
+            track(&[(0, 0, 60, 80), (960, 0, 60, 0)]),
+            track(&[(240, 0, 60, 90), (240, 0, 60, 0)]),
+        ]);
+        let (score, report) = parse(&bytes).unwrap();
+        assert_eq!(spans(&score), vec![(0, 960, 60, 80), (240, 240, 60, 90)]);
+        assert_eq!(report, ReadReport::default());
+    }
+
+    #[test]
+    fn one_track_pairs_first_in_first_out() {
+        // Within one track and channel the first note-on takes the first
+        // note-off, whatever the writer meant.
+        let bytes = file(vec![track(&[
+            (0, 0, 60, 80),
+            (240, 0, 60, 90),
+            (240, 0, 60, 0),
+            (480, 0, 60, 0),
+        ])]);
+        let (score, _) = parse(&bytes).unwrap();
+        assert_eq!(spans(&score), vec![(0, 480, 60, 80), (240, 720, 60, 90)]);
+    }
+}

@@ -4,6 +4,12 @@
 //! tempos 2%, supported time signatures exact). Without velocity tokens
 //! (`velocities = false`) velocities are not compared: every note decodes at
 //! the config's `default_velocity`.
+//!
+//! A second stage follows the decoded score through a MIDI file, as
+//! `cadenza decode` writes it: `read(write(decode(encode(x))))`, quantized
+//! again, must give back every decoded note exactly (onset, duration, pitch,
+//! velocity, program, drum flag). Every note that does not is counted by
+//! reason ([`MidiLosses`]), so a round trip never loses a note silently.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +17,102 @@ use serde::Serialize;
 
 use crate::midi::{Note, Score, DEFAULT_US_PER_QUARTER};
 
-use super::{decode, encode, QuantizeReport, Vocab};
+use super::{decode, encode, quantize, to_output_resolution, QuantizeReport, Vocab};
+
+/// How the notes of a piece fared through tokens and a MIDI file:
+/// `quantize(x)` against `quantize(read(write(decode(encode(x)))))`, the
+/// file written by [`crate::midi::to_bytes`] and read by
+/// [`crate::midi::parse`]. Notes are grouped by (onset, pitch, program, drum
+/// flag); within a group, notes equal in duration and velocity are matched
+/// first. `kept + changed + missing` is the number of quantized notes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct MidiLosses {
+    /// Notes that came back exactly.
+    pub kept: usize,
+    /// Notes that came back at their onset but with another duration or
+    /// velocity: a note-off was paired with the wrong note-on.
+    pub changed: usize,
+    /// Notes with nothing left at their onset, pitch and program.
+    pub missing: usize,
+    /// Notes read back that the quantized input does not have.
+    pub extra: usize,
+    /// The decoded score could not be written or its file not read (every
+    /// note is then counted as missing).
+    pub unwritable: bool,
+}
+
+impl MidiLosses {
+    /// Notes that did not come back exactly.
+    pub fn lost(&self) -> usize {
+        self.changed + self.missing
+    }
+
+    /// Adds another file's counts.
+    pub fn add(&mut self, other: &MidiLosses) {
+        self.kept += other.kept;
+        self.changed += other.changed;
+        self.missing += other.missing;
+        self.extra += other.extra;
+        self.unwritable |= other.unwritable;
+    }
+}
+
+/// Writes a decoded score (on the grid) to MIDI bytes as `cadenza decode`
+/// does, reads them back and quantizes the result onto the grid again.
+pub fn midi_round_trip(decoded: &Score, vocab: &Vocab) -> Result<Score, String> {
+    let bytes = crate::midi::to_bytes(&to_output_resolution(decoded))
+        .map_err(|e| format!("cannot write the decoded score: {e:#}"))?;
+    let (back, _) = crate::midi::parse(&bytes)
+        .map_err(|e| format!("cannot read the written file back: {e}"))?;
+    Ok(quantize(&back, vocab.config()).0)
+}
+
+/// Matches `want` against `got` (both on the same grid), see [`MidiLosses`].
+pub fn compare_notes(want: &[Note], got: &[Note]) -> MidiLosses {
+    // (start, pitch, program, drum) -> the (duration, velocity) of each side.
+    type Onset = (u64, u8, u8, bool);
+    type Sides = (Vec<(u64, u8)>, Vec<(u64, u8)>);
+    let onset = |n: &Note| (n.start, n.pitch, n.program, n.is_drum);
+    let mut groups: BTreeMap<Onset, Sides> = BTreeMap::new();
+    for n in want {
+        groups
+            .entry(onset(n))
+            .or_default()
+            .0
+            .push((n.duration, n.velocity));
+    }
+    for n in got {
+        groups
+            .entry(onset(n))
+            .or_default()
+            .1
+            .push((n.duration, n.velocity));
+    }
+    let mut out = MidiLosses::default();
+    for (_, (mut a, mut b)) in groups {
+        a.sort_unstable();
+        b.sort_unstable();
+        // Exact matches: a merge of the two sorted lists.
+        let (mut i, mut j, mut same) = (0, 0, 0);
+        while i < a.len() && j < b.len() {
+            match a[i].cmp(&b[j]) {
+                std::cmp::Ordering::Equal => {
+                    same += 1;
+                    i += 1;
+                    j += 1;
+                }
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+            }
+        }
+        let changed = a.len().min(b.len()) - same;
+        out.kept += same;
+        out.changed += changed;
+        out.missing += a.len() - same - changed;
+        out.extra += b.len() - same - changed;
+    }
+    out
+}
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Fidelity {
@@ -36,6 +137,9 @@ pub struct Fidelity {
     pub not_quantized_exactly: bool,
     /// encode(decode(tokens)) differs from tokens.
     pub tokens_not_stable: bool,
+    /// The quantized input against what a MIDI file of the decoded score
+    /// gives back ([`midi_round_trip`]).
+    pub midi: MidiLosses,
 }
 
 impl Fidelity {
@@ -49,6 +153,16 @@ impl Fidelity {
             && self.skipped_tokens == 0
             && !self.not_quantized_exactly
             && !self.tokens_not_stable
+            && self.midi.lost() == 0
+            && self.midi.extra == 0
+            && !self.midi.unwritable
+    }
+
+    /// Notes of the input that came back exactly through tokens and a MIDI
+    /// file (notes out of the pitch range and notes lost on the way are not).
+    /// `notes == notes_back() + dropped_out_of_range + midi.lost()`.
+    pub fn notes_back(&self) -> usize {
+        self.midi.kept
     }
 }
 
@@ -86,6 +200,14 @@ pub fn measure(score: &Score, vocab: &Vocab) -> Fidelity {
         not_quantized_exactly: decoded != quantized,
         tokens_not_stable: super::encode_quantized(&decoded, vocab) != ids,
         ..Default::default()
+    };
+    f.midi = match midi_round_trip(&decoded, vocab) {
+        Ok(back) => compare_notes(&quantized.notes, &back.notes),
+        Err(_) => MidiLosses {
+            missing: quantized.notes.len(),
+            unwritable: true,
+            ..Default::default()
+        },
     };
     // Steps -> original ticks.
     let tpq = score.ticks_per_quarter.max(1) as f64;
@@ -188,4 +310,91 @@ pub fn measure(score: &Score, vocab: &Vocab) -> Fidelity {
     }
 
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::RemiConfig;
+
+    fn note(start: u64, duration: u64, pitch: u8, velocity: u8, program: u8) -> Note {
+        Note {
+            start,
+            duration,
+            pitch,
+            velocity,
+            program,
+            channel: 0,
+            is_drum: false,
+        }
+    }
+
+    #[test]
+    fn compare_counts_each_note_by_reason() {
+        let want = [
+            note(0, 4, 60, 80, 0),
+            note(0, 8, 60, 80, 0),
+            note(4, 4, 62, 80, 0),
+            note(8, 4, 64, 80, 0),
+        ];
+        let got = [
+            note(0, 8, 60, 80, 0), // kept
+            note(0, 2, 60, 80, 0), // the other one, another duration
+            note(4, 4, 62, 64, 0), // another velocity
+            note(8, 4, 64, 80, 1), // another program: 64 missing, this extra
+        ];
+        let m = compare_notes(&want, &got);
+        assert_eq!(
+            m,
+            MidiLosses {
+                kept: 1,
+                changed: 2,
+                missing: 1,
+                extra: 1,
+                unwritable: false
+            }
+        );
+        assert_eq!(m.lost(), 3);
+        assert_eq!(compare_notes(&want, &want).kept, 4);
+    }
+
+    #[test]
+    fn overlapping_notes_of_two_tracks_with_one_program_come_back() {
+        // Two parts of one program (two tracks of a file), the second
+        // holding a note of the first's pitch while the first plays it
+        // again: one REMI+ stream, one MIDI track, and the note-offs paired
+        // the wrong way round before the writer split voices.
+        let vocab = Vocab::new(RemiConfig::default()).unwrap();
+        let mut s = Score::new(480);
+        s.notes = vec![
+            note(0, 1920, 67, 80, 48),
+            note(480, 480, 67, 100, 48),
+            note(960, 480, 67, 60, 48),
+            note(0, 960, 60, 80, 48),
+            note(0, 480, 60, 80, 48),
+            note(0, 480, 60, 80, 48), // identical to the one before
+            note(960, 480, 55, 90, 48),
+        ];
+        s.sort();
+        let f = measure(&s, &vocab);
+        assert_eq!(f.midi.lost(), 0, "{f:?}");
+        assert_eq!(f.midi.extra, 0);
+        assert_eq!(f.notes_back(), s.notes.len());
+        assert!(f.is_perfect(), "{f:?}");
+    }
+
+    #[test]
+    fn notes_out_of_the_pitch_range_are_the_only_ones_not_back() {
+        let vocab = Vocab::new(RemiConfig::default()).unwrap();
+        let mut s = Score::new(480);
+        s.notes = vec![note(0, 480, 10, 80, 0), note(0, 480, 60, 80, 0)];
+        s.sort();
+        let f = measure(&s, &vocab);
+        assert_eq!(f.dropped_out_of_range, 1);
+        assert_eq!(f.notes_back(), 1);
+        assert_eq!(
+            f.notes,
+            f.notes_back() + f.dropped_out_of_range + f.midi.lost()
+        );
+    }
 }
