@@ -275,6 +275,7 @@ fn the_run_being_read_is_never_written_over() {
         f("best/model.safetensors"),
     );
     let elsewhere = tmp.path().join("piece.mid");
+    let checkpoint = f("checkpoint");
     let cases: Vec<Vec<&str>> = vec![
         vec!["generate", "--model", s(&run), "-o", &weights],
         vec![
@@ -288,7 +289,7 @@ fn the_run_being_read_is_never_written_over() {
         ],
         vec!["generate", "--model", s(&run), "-o", s(&elsewhere), "--wav", &best],
         // Given its checkpoint folder, the run around it is read too.
-        vec!["generate", "--model", &f("checkpoint"), "-o", &metrics],
+        vec!["generate", "--model", &checkpoint, "-o", &metrics],
         vec!["eval", "--model", s(&run), "--json", &config],
         vec!["eval", "--model", s(&run), "--json", &metrics],
         vec!["eval", "--model", s(&run), "--png", &weights],
