@@ -59,7 +59,11 @@ fn sample_midi() -> Vec<u8> {
 fn special_files(dir: &Path) -> Vec<(PathBuf, &'static str)> {
     let mut out = Vec::new();
     let fifo = dir.join("fifo");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     out.push((fifo, "FIFO"));
     let sock = dir.join("sock");
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
@@ -128,7 +132,10 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 fn tokens_file(dir: &Path) -> PathBuf {
     let mid = dir.join("p.mid");
     std::fs::write(&mid, sample_midi()).unwrap();
-    let out = Command::new(bin()).args(["encode", s(&mid)]).output().unwrap();
+    let out = Command::new(bin())
+        .args(["encode", s(&mid)])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let t = dir.join("t.txt");
     std::fs::write(&t, &out.stdout).unwrap();
@@ -221,7 +228,15 @@ fn no_output_replaces_a_file_inside_an_input_folder() {
             "--real",
         ),
         (
-            vec!["eval", "--model", s(&run), "--data", s(&dir), "--json", s(&a)],
+            vec![
+                "eval",
+                "--model",
+                s(&run),
+                "--data",
+                s(&dir),
+                "--json",
+                s(&a),
+            ],
             &a,
             "--data",
         ),
@@ -287,7 +302,15 @@ fn the_run_being_read_is_never_written_over() {
             "--tokens-out",
             &features,
         ],
-        vec!["generate", "--model", s(&run), "-o", s(&elsewhere), "--wav", &best],
+        vec![
+            "generate",
+            "--model",
+            s(&run),
+            "-o",
+            s(&elsewhere),
+            "--wav",
+            &best,
+        ],
         // Given its checkpoint folder, the run around it is read too.
         vec!["generate", "--model", &checkpoint, "-o", &metrics],
         vec!["eval", "--model", s(&run), "--json", &config],
@@ -353,10 +376,7 @@ fn error_lines_quote_a_bounded_escaped_excerpt() {
     let (code, err) = cadenza(&["tokenize", s(&dir), "-o", s(&out)], 60.0);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("x\\nERROR forged line.mid"), "{err}");
-    assert!(
-        err.lines().all(|l| !l.starts_with("ERROR forged")),
-        "{err}"
-    );
+    assert!(err.lines().all(|l| !l.starts_with("ERROR forged")), "{err}");
 }
 
 /// The temporary files in `dir` (`.NAME.<pid>.tmp`).
@@ -389,7 +409,10 @@ fn a_stopped_tokenize_leaves_no_temporary_file() {
         // Wait for its temporary tokens.bin, then stop it.
         let t0 = Instant::now();
         while temps(&out).is_empty() {
-            assert!(t0.elapsed() < Duration::from_secs(30), "no temporary file appeared");
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no temporary file appeared"
+            );
             if child.try_wait().unwrap().is_some() {
                 break;
             }
@@ -418,6 +441,10 @@ fn a_stopped_tokenize_leaves_no_temporary_file() {
     std::fs::write(one.join("a.mid"), sample_midi()).unwrap();
     let (code, err) = cadenza(&["tokenize", s(&one), "-o", s(&out)], 60.0);
     assert_eq!(code, 0, "{err}");
-    assert!(!stale.exists() && temps(&out).is_empty(), "{:?}", temps(&out));
+    assert!(
+        !stale.exists() && temps(&out).is_empty(),
+        "{:?}",
+        temps(&out)
+    );
     assert!(out.join("manifest.json").is_file());
 }

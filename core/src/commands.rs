@@ -214,14 +214,22 @@ pub fn encode(a: EncodeArgs) -> Result<i32> {
     let limits = a.limits.limits();
     let (score, report) = midi::read_file_with(&a.file, &limits)?;
     for w in report.warnings() {
-        warn!("{}: {}", crate::util::shown(&a.file), crate::util::excerpt(&w, MAX_SHOWN_REASON));
+        warn!(
+            "{}: {}",
+            crate::util::shown(&a.file),
+            crate::util::excerpt(&w, MAX_SHOWN_REASON)
+        );
     }
     let (ids, q) = tokenizer::encode(&score, &vocab);
     limits
         .check_tokens(ids.len())
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     for w in q.warnings() {
-        warn!("{}: {}", crate::util::shown(&a.file), crate::util::excerpt(&w, MAX_SHOWN_REASON));
+        warn!(
+            "{}: {}",
+            crate::util::shown(&a.file),
+            crate::util::excerpt(&w, MAX_SHOWN_REASON)
+        );
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for id in ids {

@@ -46,6 +46,9 @@ const SYSTEM_FOLDERS: [&str; 3] = ["/dev", "/proc", "/sys"];
 /// A folder under [`SYSTEM_FOLDERS`] where writing files is ordinary.
 const SYSTEM_EXCEPTIONS: [&str; 1] = ["/dev/shm"];
 
+/// A file found under an input folder: the folder's flag, the folder, the file.
+type Found<'a> = (&'a str, &'a Path, PathBuf);
+
 /// What a command reads and writes, checked before its first write (see the
 /// module documentation for the rules).
 #[derive(Debug, Default, Clone)]
@@ -69,7 +72,8 @@ impl Plan {
 
     /// The command writes the file `path`, given by `flag`.
     pub fn write(&mut self, flag: &str, path: &Path) -> &mut Plan {
-        self.writes.push((flag.to_string(), path.to_path_buf(), false));
+        self.writes
+            .push((flag.to_string(), path.to_path_buf(), false));
         self
     }
 
@@ -77,7 +81,8 @@ impl Plan {
     /// folder it reads (it is still refused when it is a named input, the
     /// same file as one under an input folder, or not a regular file).
     pub fn owned(&mut self, flag: &str, path: &Path) -> &mut Plan {
-        self.writes.push((flag.to_string(), path.to_path_buf(), true));
+        self.writes
+            .push((flag.to_string(), path.to_path_buf(), true));
         self
     }
 
@@ -152,7 +157,7 @@ impl Plan {
                 );
             }
         }
-        let mut inside: HashMap<(u64, u64), Vec<(&str, &Path, PathBuf)>> = HashMap::new();
+        let mut inside: HashMap<(u64, u64), Vec<Found>> = HashMap::new();
         for (flag, folder, _) in &folders {
             walk_ids(folder, &mut |k, found| {
                 inside.entry(k).or_default().push((flag, folder, found));
@@ -325,10 +330,18 @@ mod tests {
         );
         // Through `..` and a symbolic link too.
         let other = run.join("checkpoint/../checkpoint/model.safetensors");
-        assert!(Plan::new().read("--model", &run).write("-o", &other).check().is_err());
+        assert!(Plan::new()
+            .read("--model", &run)
+            .write("-o", &other)
+            .check()
+            .is_err());
         let link = tmp.path().join("out.mid");
         std::os::unix::fs::symlink(&weights, &link).unwrap();
-        assert!(Plan::new().read("--model", &run).write("-o", &link).check().is_err());
+        assert!(Plan::new()
+            .read("--model", &run)
+            .write("-o", &link)
+            .check()
+            .is_err());
         // A hard link outside the folder to a file inside it.
         let hard = tmp.path().join("hard.mid");
         std::fs::hard_link(&weights, &hard).unwrap();

@@ -242,7 +242,8 @@ pub fn excerpt(text: &str, max: usize) -> String {
             '\n' => "\\n".to_string(),
             '\r' => "\\r".to_string(),
             '\t' => "\\t".to_string(),
-            c if c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)
+            c if c.is_control()
+                || ('\u{202a}'..='\u{202e}').contains(&c)
                 || ('\u{2066}'..='\u{2069}').contains(&c) =>
             {
                 c.escape_unicode().to_string()
@@ -407,7 +408,10 @@ mod tests {
         let big = "x".repeat(50 << 20);
         let e = excerpt(&big, 40);
         assert!(e.len() < 80, "{e}");
-        assert!(e.starts_with(&"x".repeat(40)) && e.ends_with("… (52428800 bytes)"), "{e}");
+        assert!(
+            e.starts_with(&"x".repeat(40)) && e.ends_with("… (52428800 bytes)"),
+            "{e}"
+        );
         // The cut never splits a character or an escape.
         assert_eq!(excerpt("ééé\n", 3), "ééé… (7 bytes)");
         assert_eq!(excerpt("ab\ncd", 3), "ab… (5 bytes)");
