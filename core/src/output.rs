@@ -108,31 +108,51 @@ impl Plan {
                 by_id.insert(k, (true, flag, p));
             }
         }
+        // Inputs first (an output that is also another output's twin is
+        // reported as the input it would destroy).
         for (flag, out, _) in &self.writes {
             let (r, k) = (resolved_path(out), id(out));
             let hit = by_path
                 .get(&r)
                 .or_else(|| k.and_then(|k| by_id.get(&k)))
                 .copied();
-            match hit {
-                Some((true, iflag, input)) => bail!(
+            if let Some((_, iflag, input)) = hit {
+                bail!(
                     "{flag} {} is the input {iflag} {}: refusing to overwrite an input; \
                      choose another output file",
                     shown(out),
                     shown(input)
-                ),
-                Some((false, oflag, other)) => bail!(
+                );
+            }
+        }
+        self.check_folders(&folders)?;
+        by_path.clear();
+        by_id.clear();
+        for (flag, out, _) in &self.writes {
+            let (r, k) = (resolved_path(out), id(out));
+            let hit = by_path
+                .get(&r)
+                .or_else(|| k.and_then(|k| by_id.get(&k)))
+                .copied();
+            if let Some((_, oflag, other)) = hit {
+                bail!(
                     "{flag} {} and {oflag} {} are the same file: each output needs its own path",
                     shown(out),
                     shown(other)
-                ),
-                None => {}
+                );
             }
             by_path.insert(r, (false, flag, out));
             if let Some(k) = k {
                 by_id.insert(k, (false, flag, out));
             }
         }
+        Ok(())
+    }
+
+    /// Rule 2 for the input folders: an existing output inside one (unless
+    /// owned), or the same file as one found under one.
+    fn check_folders(&self, folders: &[(&str, &Path, PathBuf)]) -> Result<()> {
+        let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
         // Existing outputs inside an input folder, or the same file as one
         // found there.
         let existing: Vec<&(String, PathBuf, bool)> = self
@@ -158,7 +178,7 @@ impl Plan {
             }
         }
         let mut inside: HashMap<(u64, u64), Vec<Found>> = HashMap::new();
-        for (flag, folder, _) in &folders {
+        for (flag, folder, _) in folders {
             walk_ids(folder, &mut |k, found| {
                 inside.entry(k).or_default().push((flag, folder, found));
             });
