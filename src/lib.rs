@@ -22,4 +22,4 @@ pub mod train;
 
 // The stages that need no libtorch live in `cadenza-core` (core/) and appear
 // here under the same names.
-pub use cadenza_core::{limits, midi, render, tokenizer, util};
+pub use cadenza_core::{limits, midi, output, render, tokenizer, util};

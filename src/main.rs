@@ -131,7 +131,12 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Bounded and escaped: an error may quote input (crate::util::excerpt).
+            let text = format!("{e:#}");
+            eprintln!(
+                "error: {}",
+                cadenza_core::util::excerpt(&text, cadenza_core::util::MAX_ERROR_CHARS)
+            );
             std::process::exit(1);
         }
     }

@@ -69,6 +69,22 @@ pub fn init_logging(verbose: bool) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot start logging: {e}"))
 }
 
+/// The most characters of a bad token an error quotes.
+pub const MAX_SHOWN_TOKEN: usize = 64;
+
+/// The most characters of a reason (a reader's warning or error) a log line quotes.
+pub const MAX_SHOWN_REASON: usize = 500;
+
+/// A skipped file as a log line quotes it: its name and reason, bounded and
+/// escaped (a file name found in a folder may hold a newline).
+fn skipped_line(s: &dataset::Skipped) -> String {
+    format!(
+        "{}: {}",
+        crate::util::excerpt(&s.path, crate::util::MAX_SHOWN_PATH),
+        crate::util::excerpt(&s.reason, MAX_SHOWN_REASON)
+    )
+}
+
 /// Options shared by commands that tokenize.
 #[derive(clap::Args, Debug, Clone)]
 pub struct VocabOpt {
@@ -198,14 +214,22 @@ pub fn encode(a: EncodeArgs) -> Result<i32> {
     let limits = a.limits.limits();
     let (score, report) = midi::read_file_with(&a.file, &limits)?;
     for w in report.warnings() {
-        warn!("{}: {w}", a.file.display());
+        warn!(
+            "{}: {}",
+            crate::util::shown(&a.file),
+            crate::util::excerpt(&w, MAX_SHOWN_REASON)
+        );
     }
     let (ids, q) = tokenizer::encode(&score, &vocab);
     limits
         .check_tokens(ids.len())
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.file.display()))?;
     for w in q.warnings() {
-        warn!("{}: {w}", a.file.display());
+        warn!(
+            "{}: {}",
+            crate::util::shown(&a.file),
+            crate::util::excerpt(&w, MAX_SHOWN_REASON)
+        );
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for id in ids {
@@ -227,11 +251,14 @@ pub fn read_token_file_with(
     limits: &crate::limits::Limits,
 ) -> Result<Vec<u32>> {
     let text = crate::limits::read_text(path, limits.max_file_bytes)?;
-    parse_tokens(&text, vocab, limits).map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))
+    parse_tokens(&text, vocab, limits)
+        .map_err(|e| anyhow::anyhow!("{}:{e}", crate::util::shown(path)))
 }
 
 /// Parses token strings or ids separated by whitespace. The error starts
-/// with the line number ("3: unknown token ...").
+/// with the line number ("3: unknown token ...") and quotes a bad token as a
+/// bounded, escaped excerpt ([`crate::util::excerpt`], [`MAX_SHOWN_TOKEN`]
+/// characters).
 pub fn parse_tokens(
     text: &str,
     vocab: &tokenizer::Vocab,
@@ -245,8 +272,9 @@ pub fn parse_tokens(
                 None => match word.parse::<u32>() {
                     Ok(id) if (id as usize) < vocab.len() => id,
                     _ => bail!(
-                        "{}: unknown token {word:?} for vocabulary {}",
+                        "{}: unknown token \"{}\" for vocabulary {}",
                         ln + 1,
+                        crate::util::excerpt(word, MAX_SHOWN_TOKEN),
                         vocab.hash()
                     ),
                 },
@@ -266,14 +294,19 @@ pub fn parse_tokens(
 
 /// Writes the MIDI file of a token file.
 pub fn decode(a: DecodeArgs) -> Result<i32> {
-    crate::util::check_outputs(&[("tokens", &a.tokens)], &[("-o", &a.output)])?;
+    let mut plan = crate::output::Plan::new();
+    plan.read("tokens", &a.tokens).write("-o", &a.output);
+    if let Some(v) = &a.vocab.vocab {
+        plan.read("--vocab", v);
+    }
+    plan.check()?;
     let vocab = a.vocab.load()?;
     let ids = read_token_file_with(&a.tokens, &vocab, &a.limits.limits())?;
     let (score, report) = tokenizer::decode(&ids, &vocab);
     if !report.is_clean() {
         warn!(
             "{}: {} token(s) skipped by the grammar, {} after EOS",
-            a.tokens.display(),
+            crate::util::shown(&a.tokens),
             report.skipped,
             report.after_eos
         );
@@ -351,6 +384,26 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     if files.is_empty() {
         bail!("no .mid/.midi files found under the inputs");
     }
+    {
+        // What tokenize reads is exactly the files found (and --vocab); the
+        // dataset's files must be none of them, nor devices or FIFOs.
+        let mut plan = crate::output::Plan::new();
+        for (p, _) in &files {
+            plan.read("input", p);
+        }
+        if let Some(v) = &a.vocab.vocab {
+            plan.read("--vocab", v);
+        }
+        for f in [
+            dataset::TOKENS_FILE,
+            dataset::PIECES_FILE,
+            dataset::VOCAB_FILE,
+            dataset::MANIFEST_FILE,
+        ] {
+            plan.write("-o", &a.output.join(f));
+        }
+        plan.check()?;
+    }
     let limits = a.limits.limits();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.unwrap_or(0))
@@ -372,7 +425,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let secs = t0.elapsed().as_secs_f64();
     if writer.pieces() == 0 {
         for s in writer.skipped() {
-            warn!("skipped {}: {}", s.path, s.reason);
+            warn!("skipped {}", skipped_line(s));
         }
         bail!(
             "none of the {} input file(s) could be tokenized; no dataset written to {}",
@@ -382,7 +435,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     }
     let m = writer.finish()?;
     for s in &m.skipped {
-        warn!("skipped {}: {}", s.path, s.reason);
+        warn!("skipped {}", skipped_line(s));
     }
     info!(
         "{} pieces, {} tokens, {} notes from {} files in {:.1} s ({:.0} files/s); {} skipped; {} with warnings",
@@ -405,9 +458,12 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
 
 /// Writes a vocabulary JSON file.
 pub fn vocab(a: VocabArgs) -> Result<i32> {
+    let mut plan = crate::output::Plan::new();
+    plan.write("-o", &a.output);
     if let Some(c) = &a.config {
-        crate::util::check_outputs(&[("--config", c)], &[("-o", &a.output)])?;
+        plan.read("--config", c);
     }
+    plan.check()?;
     let config = match &a.config {
         Some(p) => {
             let text = crate::limits::read_text(p, crate::limits::MAX_CONFIG_BYTES)?;

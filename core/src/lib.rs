@@ -5,7 +5,8 @@
 //! - [`render`]: WAV rendering with a SoundFont, piano rolls and plots;
 //! - [`commands`]: the model-free commands (encode, decode, inspect, tokenize,
 //!   vocab), their clap arguments and what they run;
-//! - [`util`]: atomic file writes, output-path checks;
+//! - [`util`]: atomic file writes, bounded excerpts of input for messages;
+//! - [`output`]: the output policy (what a command may write over);
 //! - [`limits`]: what one input may cost (sizes, lengths, regular files only).
 //!
 //! Other Rust programs can read, tokenize and render music with this crate
@@ -17,6 +18,7 @@
 pub mod commands;
 pub mod limits;
 pub mod midi;
+pub mod output;
 pub mod render;
 pub mod tokenizer;
 pub mod util;

@@ -3,8 +3,13 @@
 //! Files are written atomically (a temporary `.NAME.<pid>.tmp` in the same
 //! folder, then a rename); the temporary file is removed when writing fails,
 //! and [`clean_stale_temps`] removes those left by killed processes.
-//! [`check_outputs`] keeps a command from writing over its own inputs or
-//! writing two outputs to one file.
+//! What a command may write over is the output policy of [`crate::output`]:
+//! [`write_via_temp`] refuses, before writing and again before its rename,
+//! a target that is not a regular file or a new path, and [`check_outputs`]
+//! is the policy's check for a command's named inputs and outputs.
+//! [`excerpt`] and [`shown`] are how error and log lines quote input (a
+//! token, a file name): bounded, with control characters escaped, so that
+//! one bad input can neither fill stderr nor forge a log line.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -48,14 +53,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Lets `write` fill a temporary file (`.NAME.<pid>.tmp` next to `path`), then
 /// renames it to `path`. On any error the temporary file is removed and
 /// `path` is left as it was. The folder must exist.
+///
+/// A target that exists and is not a regular file (a folder, a device, a
+/// FIFO, a socket) or lies in a system folder is refused before anything is
+/// written and again right before the rename ([`crate::output::check_target`]),
+/// so nothing is ever renamed over it. The temporary file is made fresh
+/// (`O_EXCL`, after removing a leftover of the same name), so a FIFO or a
+/// link planted under its name is never opened.
 pub fn write_via_temp(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = temp_path(path)?;
-    if path.is_dir() {
-        anyhow::bail!("{} is a folder, not a file", path.display());
+    crate::output::check_target(path)?;
+    if std::fs::symlink_metadata(&tmp).is_ok() {
+        std::fs::remove_file(&tmp).with_context(|| format!("cannot remove {}", shown(&tmp)))?;
     }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", shown(&tmp)))?;
     let written = write(&tmp).and_then(|_| {
+        crate::output::check_target(path)?;
         std::fs::rename(&tmp, path)
-            .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+            .with_context(|| format!("cannot move {} to {}", shown(&tmp), shown(path)))
     });
     if written.is_err() {
         std::fs::remove_file(&tmp).ok();
@@ -187,52 +206,65 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Refuses a command whose output would replace one of its inputs, or whose
-/// outputs would replace one another. Each path comes with the flag that gave
-/// it, for the message.
+/// Refuses a command whose output would replace one of its inputs (a named
+/// file, or any existing file under an input folder), whose outputs would
+/// replace one another, or whose output is not a regular file or a new path:
+/// [`crate::output::Plan`] with these inputs and outputs. Each path comes
+/// with the flag that gave it, for the message.
 pub fn check_outputs(inputs: &[(&str, &Path)], outputs: &[(&str, &Path)]) -> Result<()> {
-    use std::collections::HashMap;
-    use std::os::unix::fs::MetadataExt;
-    // Key by resolved path and, for files that exist, by (device, inode).
-    let keys = |p: &Path| {
-        let id = std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-        (resolved_path(p), id)
-    };
-    let mut by_path: HashMap<PathBuf, (bool, &str, &Path)> = HashMap::new();
-    let mut by_id: HashMap<(u64, u64), (bool, &str, &Path)> = HashMap::new();
+    let mut plan = crate::output::Plan::new();
     for &(flag, p) in inputs {
-        let (r, id) = keys(p);
-        by_path.insert(r, (true, flag, p));
-        if let Some(id) = id {
-            by_id.insert(id, (true, flag, p));
-        }
+        plan.read(flag, p);
     }
-    for &(flag, out) in outputs {
-        let (r, id) = keys(out);
-        let hit = by_path
-            .get(&r)
-            .or_else(|| id.and_then(|id| by_id.get(&id)))
-            .copied();
-        match hit {
-            Some((true, iflag, input)) => anyhow::bail!(
-                "{flag} {} is the input {iflag} {}: refusing to overwrite an input; \
-                 choose another output file",
-                out.display(),
-                input.display()
-            ),
-            Some((false, oflag, other)) => anyhow::bail!(
-                "{flag} {} and {oflag} {} are the same file: each output needs its own path",
-                out.display(),
-                other.display()
-            ),
-            None => {}
-        }
-        by_path.insert(r, (false, flag, out));
-        if let Some(id) = id {
-            by_id.insert(id, (false, flag, out));
-        }
+    for &(flag, p) in outputs {
+        plan.write(flag, p);
     }
-    Ok(())
+    plan.check()
+}
+
+/// The most characters of an error line the binaries print (the rest is
+/// cut by [`excerpt`]).
+pub const MAX_ERROR_CHARS: usize = 4000;
+
+/// The longest file name [`shown`] quotes whole, in characters.
+pub const MAX_SHOWN_PATH: usize = 300;
+
+/// `text` as an error or log line may quote it: control characters (a
+/// newline that would start a forged line, a terminal escape) and the
+/// Unicode controls that reorder text are escaped (`\n`, `\u{1b}`), and
+/// past `max` characters the rest is cut, with an ellipsis and the total
+/// length in bytes (`abc… (52428800 bytes)`).
+pub fn excerpt(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut shown_chars = 0usize;
+    for c in text.chars() {
+        let piece = match c {
+            '\n' => "\\n".to_string(),
+            '\r' => "\\r".to_string(),
+            '\t' => "\\t".to_string(),
+            c if c.is_control()
+                || ('\u{202a}'..='\u{202e}').contains(&c)
+                || ('\u{2066}'..='\u{2069}').contains(&c) =>
+            {
+                c.escape_unicode().to_string()
+            }
+            c => c.to_string(),
+        };
+        let n = piece.chars().count();
+        if shown_chars + n > max {
+            out.push_str(&format!("… ({} bytes)", text.len()));
+            return out;
+        }
+        shown_chars += n;
+        out.push_str(&piece);
+    }
+    out
+}
+
+/// A path as an error or log line quotes it: [`excerpt`] of its text, at
+/// most [`MAX_SHOWN_PATH`] characters.
+pub fn shown(path: &Path) -> String {
+    excerpt(&path.to_string_lossy(), MAX_SHOWN_PATH)
 }
 
 /// Writes `value` as pretty JSON (with a final newline), atomically.
@@ -246,4 +278,178 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
     let text = crate::limits::read_text(path, crate::limits::MAX_CONFIG_BYTES)?;
     serde_json::from_str(&text).with_context(|| format!("{}: unexpected content", path.display()))
+}
+
+/// Slots of the paths [`RemoveOnSignal`] guards; a null slot is free.
+#[cfg(unix)]
+static SIGNAL_PATHS: [std::sync::atomic::AtomicPtr<libc::c_char>; 16] =
+    [const { std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()) }; 16];
+
+/// Removes every guarded path, then stops the process by `sig` with its
+/// default action (the exit status a shell expects). Only async-signal-safe
+/// calls: `unlink`, `signal`, `raise`.
+#[cfg(unix)]
+extern "C" fn remove_and_reraise(sig: libc::c_int) {
+    use std::sync::atomic::Ordering;
+    for slot in &SIGNAL_PATHS {
+        let p = slot.load(Ordering::SeqCst);
+        if !p.is_null() {
+            // SAFETY: `p` is a NUL-terminated string that is never freed.
+            unsafe { libc::unlink(p) };
+        }
+    }
+    // SAFETY: restoring the default action and raising the signal again.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// Installs [`remove_and_reraise`] for SIGINT and SIGTERM, once, where the
+/// signal still has its default action: a program that handles them itself
+/// (`train` saves and stops on Ctrl-C) or ignores them keeps its choice, and
+/// its temporary files are removed as it unwinds.
+#[cfg(unix)]
+fn install_signal_cleanup() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: sigaction with a zeroed struct reads the current
+            // action; the new one is a plain handler with an empty mask.
+            unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
+                    || old.sa_sigaction != libc::SIG_DFL
+                {
+                    continue;
+                }
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = remove_and_reraise as extern "C" fn(libc::c_int) as usize;
+                libc::sigemptyset(&mut act.sa_mask);
+                act.sa_flags = libc::SA_RESTART;
+                libc::sigaction(sig, &act, std::ptr::null_mut());
+            }
+        }
+    });
+}
+
+/// While alive, the files it names are removed when SIGINT or SIGTERM stops
+/// the process (`tokenize`'s temporary files, which a killed process would
+/// otherwise leave behind until [`clean_stale_temps`] finds them). Dropping
+/// it stops guarding them (it removes nothing itself). At most 16 paths are
+/// guarded at a time; past that a path is left to [`clean_stale_temps`].
+pub struct RemoveOnSignal {
+    #[cfg(unix)]
+    slots: Vec<usize>,
+}
+
+impl RemoveOnSignal {
+    /// Guards `paths` (which need not exist yet).
+    pub fn new(paths: &[PathBuf]) -> RemoveOnSignal {
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            use std::sync::atomic::Ordering;
+            install_signal_cleanup();
+            let mut slots = Vec::new();
+            for p in paths {
+                let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+                    continue;
+                };
+                // Leaked on purpose: a handler may read it at any time, so it
+                // is never freed (a few bytes per guarded file).
+                let ptr = c.into_raw();
+                let free = SIGNAL_PATHS.iter().position(|s| {
+                    s.compare_exchange(
+                        std::ptr::null_mut(),
+                        ptr,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
+                    .is_ok()
+                });
+                match free {
+                    Some(i) => slots.push(i),
+                    None => {
+                        // SAFETY: `ptr` came from `into_raw` and no slot holds it.
+                        drop(unsafe { std::ffi::CString::from_raw(ptr) });
+                    }
+                }
+            }
+            RemoveOnSignal { slots }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = paths;
+            RemoveOnSignal {}
+        }
+    }
+}
+
+impl Drop for RemoveOnSignal {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        for &i in &self.slots {
+            SIGNAL_PATHS[i].store(std::ptr::null_mut(), std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpts_are_bounded_and_escape_control_characters() {
+        assert_eq!(excerpt("Pitch_60", 64), "Pitch_60");
+        assert_eq!(excerpt("a\nERROR forged", 64), "a\\nERROR forged");
+        assert_eq!(excerpt("\u{1b}[31mred\r\t", 64), "\\u{1b}[31mred\\r\\t");
+        assert_eq!(excerpt("\u{202e}txt", 64), "\\u{202e}txt");
+        let big = "x".repeat(50 << 20);
+        let e = excerpt(&big, 40);
+        assert!(e.len() < 80, "{e}");
+        assert!(
+            e.starts_with(&"x".repeat(40)) && e.ends_with("… (52428800 bytes)"),
+            "{e}"
+        );
+        // The cut never splits a character or an escape.
+        assert_eq!(excerpt("ééé\n", 3), "ééé… (7 bytes)");
+        assert_eq!(excerpt("ab\ncd", 3), "ab… (5 bytes)");
+        let p = Path::new("dir/a\nb.mid");
+        assert_eq!(shown(p), "dir/a\\nb.mid");
+        assert!(shown(Path::new(&"d/".repeat(1000))).len() < MAX_SHOWN_PATH + 40);
+    }
+
+    #[test]
+    fn write_via_temp_never_opens_a_planted_temporary() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out.json");
+        // A link planted under the temporary's name, pointing at a victim.
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, temp_path(&out).unwrap()).unwrap();
+        write_atomic(&out, b"new").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+        assert!(!temp_path(&out).unwrap().exists());
+    }
+
+    #[test]
+    fn guarded_paths_take_and_free_their_slots() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("t{i}"))).collect();
+        let taken = |p: &Path| {
+            SIGNAL_PATHS.iter().any(|s| {
+                let q = s.load(std::sync::atomic::Ordering::SeqCst);
+                // SAFETY: non-null slots hold leaked NUL-terminated strings.
+                !q.is_null()
+                    && unsafe { std::ffi::CStr::from_ptr(q) }.to_bytes()
+                        == p.to_str().unwrap().as_bytes()
+            })
+        };
+        let g = RemoveOnSignal::new(&paths);
+        assert!(paths.iter().all(|p| taken(p)));
+        drop(g);
+        assert!(paths.iter().all(|p| !taken(p)));
+    }
 }

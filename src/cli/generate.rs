@@ -394,29 +394,21 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         bail!("--prompt-bars needs --prompt");
     }
     {
-        let outputs = generate_outputs(&a);
-        let outs: Vec<(&str, &Path)> = outputs.iter().map(|(f, p)| (*f, p.as_path())).collect();
-        let model_files: Vec<PathBuf> = [
-            checkpoint::CONFIG_FILE,
-            checkpoint::VOCAB_FILE,
-            checkpoint::MODEL_FILE,
-        ]
-        .iter()
-        .map(|f| a.model.join(f))
-        .collect();
-        let mut inputs: Vec<(&str, &Path)> = model_files
-            .iter()
-            .map(|p| ("--model", p.as_path()))
-            .collect();
+        // The model and run folders are read whole (crate::output): no
+        // output may replace any file in them.
+        let mut plan = crate::output::Plan::new();
+        plan.read("--model", &a.model)
+            .read("--model", checkpoint::run_folder(&a.model));
         if let Some(p) = &a.prompt {
-            inputs.push(("--prompt", p));
+            plan.read("--prompt", p);
         }
         if let Some(sf) = &a.soundfont {
-            inputs.push(("--soundfont", sf));
+            plan.read("--soundfont", sf);
         }
-        let gen_config = checkpoint::run_folder(&a.model).join(checkpoint::GENERATION_CONFIG_FILE);
-        inputs.push(("--model", &gen_config));
-        crate::util::check_outputs(&inputs, &outs)?;
+        for (flag, p) in &generate_outputs(&a) {
+            plan.write(flag, p);
+        }
+        plan.check()?;
     }
     let (defaults, defaults_file) = checkpoint::read_generation_config(&a.model)?;
     if let Some(f) = &defaults_file {
@@ -653,7 +645,7 @@ fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
     for (p, _) in files {
         match midi::read_file(&p) {
             Ok((s, _)) => out.push(s),
-            Err(e) => warn!("skipped {e:#}"),
+            Err(e) => warn!("skipped {}", crate::util::excerpt(&format!("{e:#}"), 800)),
         }
     }
     Ok(out)

@@ -170,6 +170,9 @@ pub struct ContinueEvalArgs {
 /// continuations (key, density, range, repeated notes).
 pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     use crate::eval::continuation;
+    if let Some(j) = &a.json {
+        model_plan(&a.model, &a.data).write("--json", j).check()?;
+    }
     let device = train::checkpoint::parse_device(device_name(a.device).as_deref())?;
     train::set_threads(a.threads);
     let mut m = train::checkpoint::load_model(&a.model, device)?;
@@ -273,9 +276,44 @@ fn options(a: TrainArgs) -> train::TrainOptions {
     }
 }
 
+/// The output plan of a command that reads a model (its folder and its run
+/// folder, whole) and `--data` (files or folders).
+fn model_plan(model: &std::path::Path, data: &[PathBuf]) -> crate::output::Plan {
+    let mut plan = crate::output::Plan::new();
+    plan.read("--model", model)
+        .read("--model", train::checkpoint::run_folder(model));
+    for d in data {
+        plan.read("--data", d);
+    }
+    plan
+}
+
 /// Trains (or resumes) a run.
 pub fn train(a: TrainArgs) -> Result<i32> {
     let output = a.output.clone();
+    {
+        // The run's files are train's own, but never the files it was given.
+        let mut plan = crate::output::Plan::new();
+        for (flag, p) in [
+            ("--config", &a.spec.config),
+            ("--vocab", &a.spec.vocab),
+            ("--data", &a.spec.data),
+        ] {
+            if let Some(p) = p {
+                plan.read(flag, p);
+            }
+        }
+        for f in [
+            train::checkpoint::CONFIG_FILE,
+            train::checkpoint::VOCAB_FILE,
+            train::checkpoint::GENERATION_CONFIG_FILE,
+            train::METRICS_FILE,
+            train::PLOT_FILE,
+        ] {
+            plan.owned("-o", &output.join(f));
+        }
+        plan.check()?;
+    }
     let opts = options(a);
     let s = train::train(&opts)?;
     info!(
@@ -294,8 +332,22 @@ pub fn train(a: TrainArgs) -> Result<i32> {
 
 /// Scores a model on held-out pieces: tables on stdout, plot and JSON on request.
 pub fn eval(a: EvalArgs) -> Result<i32> {
-    if let (Some(j), Some(p)) = (&a.json, &a.png) {
-        crate::util::check_outputs(&[], &[("--json", j), ("--png", p)])?;
+    let png = a.png.clone().unwrap_or_else(|| match &a.json {
+        Some(j) => j.with_extension("png"),
+        None => a.model.join("eval.png"),
+    });
+    {
+        let mut plan = model_plan(&a.model, &a.data);
+        if let Some(j) = &a.json {
+            plan.write("--json", j);
+        }
+        match (&a.png, &a.json) {
+            (Some(_), _) => plan.write("--png", &png),
+            (None, Some(_)) => plan.write("the plot beside --json", &png),
+            // The default plot is eval's own file in the model folder.
+            (None, None) => plan.owned("the plot in --model", &png),
+        };
+        plan.check()?;
     }
     let r = eval::evaluate(&eval::EvalOptions {
         model_dir: a.model.clone(),
@@ -333,10 +385,6 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
     if let Some(v) = r.mean_beyond {
         println!("mean NLL beyond it:                  {v:.4}");
     }
-    let png = a.png.clone().unwrap_or_else(|| match &a.json {
-        Some(j) => j.with_extension("png"),
-        None => a.model.join("eval.png"),
-    });
     if let Some(j) = &a.json {
         crate::train::checkpoint::write_json(j, &r)?;
         println!("wrote {}", j.display());

@@ -277,7 +277,10 @@ pub const TOKENIZE_CHUNK: usize = 1024;
 /// before [`DatasetWriter::finish`], which replaces `tokens.bin`, then the
 /// index and vocabulary, and writes the manifest last. A writer dropped
 /// without `finish` (an error, nothing to write) removes its temporary
-/// file, and the folder when it made it and left it empty.
+/// file, and the folder when it made it and left it empty; a process
+/// stopped by SIGINT or SIGTERM while it writes removes its temporary files
+/// as it dies ([`crate::util::RemoveOnSignal`]), and those of a process
+/// killed outright are removed by the next writer in the folder.
 pub struct DatasetWriter<'v> {
     dir: PathBuf,
     vocab: &'v Vocab,
@@ -297,6 +300,8 @@ pub struct DatasetWriter<'v> {
     notes: u64,
     input_bytes: u64,
     files_seen: usize,
+    /// Removes this process's temporary files in the folder on SIGINT/SIGTERM.
+    _on_signal: crate::util::RemoveOnSignal,
 }
 
 impl<'v> DatasetWriter<'v> {
@@ -315,7 +320,21 @@ impl<'v> DatasetWriter<'v> {
             tracing::warn!("removed {} left by a process that was killed", p.display());
         }
         let tmp = crate::util::temp_path(&dir.join(TOKENS_FILE))?;
-        let file = std::fs::File::create(&tmp)
+        let temps = [TOKENS_FILE, PIECES_FILE, VOCAB_FILE, MANIFEST_FILE]
+            .iter()
+            .map(|f| crate::util::temp_path(&dir.join(f)))
+            .collect::<Result<Vec<_>>>()?;
+        let on_signal = crate::util::RemoveOnSignal::new(&temps);
+        // Made fresh: a leftover under this pid (or a planted FIFO or link)
+        // is removed, never opened.
+        if std::fs::symlink_metadata(&tmp).is_ok() {
+            std::fs::remove_file(&tmp)
+                .with_context(|| format!("cannot remove {}", tmp.display()))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
             .with_context(|| format!("cannot create {}", tmp.display()))?;
         Ok(DatasetWriter {
             dir: dir.to_path_buf(),
@@ -332,6 +351,7 @@ impl<'v> DatasetWriter<'v> {
             notes: 0,
             input_bytes: 0,
             files_seen: 0,
+            _on_signal: on_signal,
         })
     }
 
