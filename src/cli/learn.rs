@@ -157,6 +157,7 @@ pub struct ContinueEvalArgs {
 /// continuations (key, density, range, repeated notes).
 pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     use crate::eval::continuation;
+    train::config::check_threads(a.threads, "--threads")?;
     let device = train::checkpoint::parse_device(device_name(a.device).as_deref())?;
     train::set_threads(a.threads);
     let mut m = train::checkpoint::load_model(&a.model, device)?;
@@ -279,6 +280,7 @@ pub fn train(a: TrainArgs) -> Result<i32> {
 
 /// Scores a model on held-out pieces: tables on stdout, plot and JSON on request.
 pub fn eval(a: EvalArgs) -> Result<i32> {
+    train::config::check_threads(a.threads, "--threads")?;
     if let (Some(j), Some(p)) = (&a.json, &a.png) {
         crate::util::check_outputs(&[], &[("--json", j), ("--png", p)])?;
     }
