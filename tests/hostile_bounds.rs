@@ -320,15 +320,9 @@ fn flags_past_their_bounds_are_refused_naming_the_flag() {
     refused(&r, &["--min-tokens 100", "--tokens 10"]);
     assert!(!out.exists());
     for v in ["nan", "1", "-0.5"] {
+        let flag = format!("--val-fraction={v}");
         let r = cadenza(
-            &[
-                "stats",
-                "midi_samples",
-                "--real",
-                "midi_samples",
-                "--val-fraction",
-                v,
-            ],
+            &["stats", "midi_samples", "--real", "midi_samples", &flag],
             30.0,
         );
         refused(&r, &["--val-fraction"]);
@@ -578,7 +572,10 @@ proptest! {
             // only an edit that left the config as it was can load (the
             // token list and hash are the default's)
             Ok(voc) => prop_assert_eq!(voc.config(), &RemiConfig::default()),
-            Err(e) => prop_assert!(format!("{e:#}").contains("v.json")),
+            Err(e) => {
+                let e = format!("{e:#}");
+                prop_assert!(e.contains("v.json"), "{}", e);
+            }
         }
         // the same config built directly: an accepted one works end to end
         if let Ok(cfg) = serde_json::from_value::<RemiConfig>(v["config"].clone()) {
