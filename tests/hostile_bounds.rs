@@ -153,7 +153,10 @@ fn a_vocabulary_file_whose_size_or_keys_are_wrong_is_refused() {
         format!("{:#}", Vocab::load(&p).unwrap_err())
     };
     let e = load_with(&|v| v["size"] = serde_json::json!(878));
-    assert!(e.contains("v.json") && e.contains("878") && e.contains("877"), "{e}");
+    assert!(
+        e.contains("v.json") && e.contains("878") && e.contains("877"),
+        "{e}"
+    );
     let e = load_with(&|v| v["extra"] = serde_json::json!(1));
     assert!(e.contains("extra"), "{e}");
     // what `tempo_max_bpm = inf` once wrote
@@ -209,7 +212,15 @@ fn hostile_model_configs_give_the_same_clear_error_from_generate_and_eval() {
         let m = model_folder(&dir, edit);
         let out = dir.join("out.mid");
         let g = cadenza(
-            &["generate", "--model", s(&m), "-o", s(&out), "--device", "cpu"],
+            &[
+                "generate",
+                "--model",
+                s(&m),
+                "-o",
+                s(&out),
+                "--device",
+                "cpu",
+            ],
             30.0,
         );
         refused(&g, &["config.json", field]);
@@ -226,7 +237,13 @@ fn hostile_model_configs_give_the_same_clear_error_from_generate_and_eval() {
         })
     });
     let g = cadenza(
-        &["generate", "--model", s(&m), "-o", s(&tmp.path().join("c.mid"))],
+        &[
+            "generate",
+            "--model",
+            s(&m),
+            "-o",
+            s(&tmp.path().join("c.mid")),
+        ],
         30.0,
     );
     refused(&g, &["config.json", "positional.kernel"]);
@@ -285,7 +302,10 @@ fn flags_past_their_bounds_are_refused_naming_the_flag() {
     };
     let r = train(&["--threads", "100000"]);
     refused(&r, &["--threads 100000", "1024"]);
-    assert!(!run.exists(), "train made its folder before refusing --threads");
+    assert!(
+        !run.exists(),
+        "train made its folder before refusing --threads"
+    );
     refused(&train(&["--stop-after", "0"]), &["--stop-after 0"]);
     assert!(!run.exists());
     refused(&train(&["--batch", "100000000"]), &["--batch"]);
@@ -299,7 +319,15 @@ fn flags_past_their_bounds_are_refused_naming_the_flag() {
     }
     let out = t.join("g.mid");
     let r = cadenza(
-        &["generate", "--model", s(&m), "-o", s(&out), "--num-samples", "10000000"],
+        &[
+            "generate",
+            "--model",
+            s(&m),
+            "-o",
+            s(&out),
+            "--num-samples",
+            "10000000",
+        ],
         10.0,
     );
     refused(&r, &["--num-samples", "1024"]);
@@ -378,7 +406,10 @@ fn tokenize_clamps_its_worker_threads() {
     assert!(out.join(dataset::MANIFEST_FILE).is_file());
     assert!(t0.elapsed().as_secs_f64() < 30.0);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    assert_eq!(cadenza_core::commands::tokenize_threads(Some(3000), 20_000), 4 * cores);
+    assert_eq!(
+        cadenza_core::commands::tokenize_threads(Some(3000), 20_000),
+        4 * cores
+    );
 }
 
 #[test]
@@ -415,7 +446,10 @@ fn resume_refuses_steps_and_stop_after_behind_the_checkpoint() {
         cadenza::train::train(&o)
     };
     let e = format!("{:#}", resume(Some(3), true, None).err().unwrap());
-    assert!(e.contains("--extend --steps 3") && e.contains("step 4"), "{e}");
+    assert!(
+        e.contains("--extend --steps 3") && e.contains("step 4"),
+        "{e}"
+    );
     let e = format!("{:#}", resume(None, false, Some(2)).err().unwrap());
     assert!(e.contains("--stop-after 2") && e.contains("step 4"), "{e}");
     let e = format!("{:#}", resume(None, false, Some(4)).err().unwrap());

@@ -354,7 +354,9 @@ pub const TOKENIZE_THREADS_PER_CORE: usize = 4;
 pub fn tokenize_threads(requested: Option<usize>, files: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let want = requested.filter(|&j| j > 0).unwrap_or(cores);
-    let n = want.min(files.max(1)).min(TOKENIZE_THREADS_PER_CORE * cores);
+    let n = want
+        .min(files.max(1))
+        .min(TOKENIZE_THREADS_PER_CORE * cores);
     if requested.is_some_and(|j| j > n) {
         info!(
             "-j {}: using {n} worker threads ({files} files, {cores} cores, at most \

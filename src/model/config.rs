@@ -61,8 +61,8 @@ fn int<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<i64, D::Error> {
             i64::try_from(v).map_err(|_| E::custom(format!("{v} is too large an integer")))
         }
         fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<i64, E> {
-            // 2^63 as f64 is the first value past i64::MAX
-            if v.fract() == 0.0 && v.abs() < 9.223_372_036_854_775_808e18 {
+            // 2^63 is the first value past i64::MAX
+            if v.fract() == 0.0 && v.abs() < (1u64 << 63) as f64 {
                 Ok(v as i64)
             } else {
                 Err(E::custom(format!("expected an integer, got {v}")))
@@ -560,7 +560,7 @@ impl ModelConfig {
             u(self.n_layers),
             u(self.n_heads),
         );
-        let hd = if heads == 0 { d } else { d / heads };
+        let hd = d.checked_div(heads).unwrap_or(d);
         let mut per_layer = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d;
         per_layer += 3 * d * u(self.short_conv);
         per_layer += match &self.positional {
@@ -630,7 +630,12 @@ impl ModelConfig {
                 ..
             } => {
                 within("positional.sines", *sines, 1, MAX_SINES)?;
-                within("positional.realizations", *realizations, 1, MAX_REALIZATIONS)?;
+                within(
+                    "positional.realizations",
+                    *realizations,
+                    1,
+                    MAX_REALIZATIONS,
+                )?;
             }
             PositionalEncoding::SpeConv {
                 kernel,
@@ -638,7 +643,12 @@ impl ModelConfig {
                 ..
             } => {
                 within("positional.kernel", *kernel, 1, MAX_KERNEL)?;
-                within("positional.realizations", *realizations, 1, MAX_REALIZATIONS)?;
+                within(
+                    "positional.realizations",
+                    *realizations,
+                    1,
+                    MAX_REALIZATIONS,
+                )?;
             }
             PositionalEncoding::Ape | PositionalEncoding::None => {}
         }
@@ -810,17 +820,24 @@ mod tests {
         let v = serde_json::to_value(&c).unwrap();
         let mut bad = v.clone();
         bad["local_head"] = serde_json::json!(2);
-        let e = serde_json::from_value::<ModelConfig>(bad).unwrap_err().to_string();
+        let e = serde_json::from_value::<ModelConfig>(bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("local_head"), "{e}");
         let mut bad = v.clone();
         bad["positional"]["sine"] = serde_json::json!(5);
-        let e = serde_json::from_value::<ModelConfig>(bad).unwrap_err().to_string();
+        let e = serde_json::from_value::<ModelConfig>(bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("sine"), "{e}");
         let mut bad = v.clone();
         bad["attention"]["feature"] = serde_json::json!(5);
         assert!(serde_json::from_value::<ModelConfig>(bad).is_err());
         for bad in [r#"{"kind":"ape","x":1}"#, r#"{"kind":"none","sines":5}"#] {
-            assert!(serde_json::from_str::<PositionalEncoding>(bad).is_err(), "{bad}");
+            assert!(
+                serde_json::from_str::<PositionalEncoding>(bad).is_err(),
+                "{bad}"
+            );
         }
         let e = serde_json::from_str::<AttentionKind>(r#"{"kind":"softmax","features":8}"#);
         assert!(e.unwrap_err().to_string().contains("features"));
@@ -832,10 +849,15 @@ mod tests {
         big["local_window"] = serde_json::json!(1e15);
         let big: ModelConfig = serde_json::from_value(big).unwrap();
         let e = big.validate().unwrap_err().to_string();
-        assert!(e.contains("local_window") && e.contains("1000000000000000"), "{e}");
+        assert!(
+            e.contains("local_window") && e.contains("1000000000000000"),
+            "{e}"
+        );
         let mut frac = v;
         frac["d_model"] = serde_json::json!(2.5);
-        let e = serde_json::from_value::<ModelConfig>(frac).unwrap_err().to_string();
+        let e = serde_json::from_value::<ModelConfig>(frac)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2.5"), "{e}");
         // the shipped model's config still loads and passes
         let text = std::fs::read_to_string("models/cadenza-small/config.json").unwrap();

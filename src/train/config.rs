@@ -214,7 +214,13 @@ impl TrainConfig {
             self.beta2
         );
         number("eps", self.eps, 0.0, MAX_EPS, true)?;
-        number("grad_clip (0 = off)", self.grad_clip, 0.0, MAX_GRAD_CLIP, false)?;
+        number(
+            "grad_clip (0 = off)",
+            self.grad_clip,
+            0.0,
+            MAX_GRAD_CLIP,
+            false,
+        )?;
         check_val_fraction(self.val_fraction, "val_fraction")?;
         ensure!(
             (0..=24).contains(&self.transpose),
@@ -354,7 +360,9 @@ mod tests {
         c.train.validate().unwrap();
         let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
         v["datasets"] = serde_json::json!("x");
-        let e = serde_json::from_value::<RunConfig>(v).unwrap_err().to_string();
+        let e = serde_json::from_value::<RunConfig>(v)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("datasets"), "{e}");
         let t: toml::Table = toml::from_str("local_head = 2").unwrap();
         let e = format!("{:#}", merge_table(&c.model, &t).unwrap_err());

@@ -397,7 +397,10 @@ mod tests {
             c.exact_duration_quarters = u32::MAX;
             c.max_duration_quarters = u32::MAX;
         });
-        assert!(e.contains("exact_duration_quarters") && e.contains("1..=1024"), "{e}");
+        assert!(
+            e.contains("exact_duration_quarters") && e.contains("1..=1024"),
+            "{e}"
+        );
         // 0 tempo tokens, then a panic in f64::clamp
         let e = refused(|c| {
             c.tempo_min_bpm = 1e-300;
@@ -413,7 +416,10 @@ mod tests {
         let e = refused(|c| c.tempo_max_bpm = c.tempo_min_bpm);
         assert!(e.contains("above tempo_min_bpm"), "{e}");
         let e = refused(|c| c.max_duration_quarters = 5);
-        assert!(e.contains("max_duration_quarters") && e.contains("12..=1024"), "{e}");
+        assert!(
+            e.contains("max_duration_quarters") && e.contains("12..=1024"),
+            "{e}"
+        );
         let e = refused(|c| c.denominators = vec![4, 4]);
         assert!(e.contains("repeat"), "{e}");
         let e = refused(|c| c.velocity_bins = 3);

@@ -447,7 +447,10 @@ mod tests {
         bad["size"] = serde_json::json!(876);
         std::fs::write(&p, bad.to_string()).unwrap();
         let e = format!("{:#}", Vocab::load(&p).unwrap_err());
-        assert!(e.contains("v.json") && e.contains("876") && e.contains("877"), "{e}");
+        assert!(
+            e.contains("v.json") && e.contains("876") && e.contains("877"),
+            "{e}"
+        );
         let mut bad = good.clone();
         bad["sise"] = serde_json::json!(877);
         std::fs::write(&p, bad.to_string()).unwrap();
