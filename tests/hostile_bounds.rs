@@ -330,7 +330,7 @@ fn flags_past_their_bounds_are_refused_naming_the_flag() {
         ],
         10.0,
     );
-    refused(&r, &["--num-samples", "1024"]);
+    refused(&r, &["--num-samples", "100000"]);
     let r = cadenza(
         &[
             "generate",

@@ -73,7 +73,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub max_phrase_repeats: Option<usize>,
     /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ... (at
-    /// most 1024).
+    /// most 100000, and as many as --max-memory-mb allows).
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
     /// Sampling temperature (1 = the model's distribution) [default: 1].
@@ -350,7 +350,7 @@ fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
 
 /// Most pieces of one `generate` (`--num-samples`): checked before the
 /// output paths are listed.
-pub const MAX_NUM_SAMPLES: usize = 1024;
+pub const MAX_NUM_SAMPLES: usize = 100_000;
 
 /// Refuses an earliest end after the last token (`--min-tokens` above
 /// `--tokens`), naming where the minimum came from.
