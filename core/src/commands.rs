@@ -186,7 +186,8 @@ pub struct TokenizeArgs {
     /// Exit with status 2 when any file was skipped.
     #[arg(long)]
     pub strict: bool,
-    /// Worker threads (default: all cores).
+    /// Worker threads (default: all cores; at most the number of files and
+    /// 4 per core).
     #[arg(long, short = 'j')]
     pub threads: Option<usize>,
     /// Replace the output folder when it already holds a dataset, a run or
@@ -376,6 +377,29 @@ pub fn inspect(a: InspectArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Most worker threads of `tokenize` per core: more only add memory (each
+/// worker holds a file) and contention.
+pub const TOKENIZE_THREADS_PER_CORE: usize = 4;
+
+/// The worker threads of `tokenize -j`: the request (all cores when absent
+/// or 0) clamped to the number of files and to
+/// [`TOKENIZE_THREADS_PER_CORE`] x the cores, with a note when clamped.
+pub fn tokenize_threads(requested: Option<usize>, files: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let want = requested.filter(|&j| j > 0).unwrap_or(cores);
+    let n = want
+        .min(files.max(1))
+        .min(TOKENIZE_THREADS_PER_CORE * cores);
+    if requested.is_some_and(|j| j > n) {
+        info!(
+            "-j {}: using {n} worker threads ({files} files, {cores} cores, at most \
+             {TOKENIZE_THREADS_PER_CORE} per core)",
+            requested.unwrap_or(0)
+        );
+    }
+    n
+}
+
 /// Tokenizes MIDI files and folders into a dataset; 2 with `--strict` when a file was skipped.
 pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     let vocab = a.vocab.load()?;
@@ -406,7 +430,7 @@ pub fn tokenize(a: TokenizeArgs) -> Result<i32> {
     }
     let limits = a.limits.limits();
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads.unwrap_or(0))
+        .num_threads(tokenize_threads(a.threads, files.len()))
         .build()
         .context("cannot start worker threads")?;
     let pb = indicatif::ProgressBar::new(files.len() as u64);
@@ -504,6 +528,16 @@ mod tests {
         for d in VERBOSE_LOG_DIRECTIVES {
             assert!(verbose.contains(d), "{verbose}");
         }
+    }
+
+    #[test]
+    fn tokenize_threads_are_clamped_to_files_and_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(tokenize_threads(Some(3000), 20_000), 4 * cores);
+        assert_eq!(tokenize_threads(Some(3000), 1), 1);
+        assert_eq!(tokenize_threads(Some(1), 100), 1);
+        assert_eq!(tokenize_threads(None, 100_000), cores);
+        assert_eq!(tokenize_threads(Some(0), 100_000), cores);
     }
 
     #[test]

@@ -34,9 +34,11 @@ pub struct GenerateArgs {
     /// Use only the first N bars of the prompt.
     #[arg(long)]
     pub prompt_bars: Option<usize>,
-    /// Tokens to generate after the prompt: every piece gets exactly this
-    /// many (the model may not end it sooner) unless --allow-early-end,
-    /// --min-tokens or --max-bars says otherwise [default: 3072].
+    /// Tokens to draw after the prompt: the model may not end a piece
+    /// sooner unless --allow-early-end, --min-tokens or --max-bars says
+    /// otherwise. A note left unfinished by the limit (its Position, Program,
+    /// Pitch and Velocity without a Duration) is dropped, so a piece keeps up
+    /// to 4 tokens fewer [default: 3072].
     #[arg(long)]
     pub tokens: Option<usize>,
     /// Let the model end a piece (EOS) before --tokens.
@@ -70,7 +72,8 @@ pub struct GenerateArgs {
     /// [default: 8].
     #[arg(long)]
     pub max_phrase_repeats: Option<usize>,
-    /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ...
+    /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ... (at
+    /// most 100000, and as many as --max-memory-mb allows).
     #[arg(long, default_value_t = 1)]
     pub num_samples: usize,
     /// Sampling temperature (1 = the model's distribution) [default: 1].
@@ -353,6 +356,27 @@ fn generate_outputs(a: &GenerateArgs) -> Vec<(&'static str, PathBuf)> {
     out
 }
 
+/// Most pieces of one `generate` (`--num-samples`): checked before the
+/// output paths are listed.
+pub const MAX_NUM_SAMPLES: usize = 100_000;
+
+/// Refuses an earliest end after the last token (`--min-tokens` above
+/// `--tokens`), naming where the minimum came from.
+fn check_earliest_end(r: &Resolved, from_flag: bool, file: Option<&Path>) -> Result<()> {
+    if let Some(m) = r.earliest_end.filter(|&m| m > r.tokens) {
+        let source = match (from_flag, file) {
+            (false, Some(f)) => format!("min_tokens {m} of {}", f.display()),
+            _ => format!("--min-tokens {m}"),
+        };
+        bail!(
+            "{source} is more than --tokens {}: a piece ends after {} tokens at the latest",
+            r.tokens,
+            r.tokens
+        );
+    }
+    Ok(())
+}
+
 /// Refuses a generation whose estimated memory exceeds the budget.
 fn check_memory(
     a: &GenerateArgs,
@@ -384,8 +408,11 @@ fn check_memory(
 
 /// Samples pieces and writes them, each with its record.
 pub fn generate(a: GenerateArgs) -> Result<i32> {
-    if a.num_samples == 0 {
-        bail!("--num-samples must be at least 1");
+    if !(1..=MAX_NUM_SAMPLES).contains(&a.num_samples) {
+        bail!(
+            "--num-samples must be in 1..={MAX_NUM_SAMPLES} (got {})",
+            a.num_samples
+        );
     }
     if a.prompt_bars == Some(0) {
         bail!("--prompt-bars 0 would drop the whole prompt; give at least 1 bar, or leave out --prompt to start from nothing");
@@ -415,6 +442,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         debug!("sampling defaults from {}", f.display());
     }
     let r = resolve(&a, &defaults);
+    check_earliest_end(&r, a.min_tokens.is_some(), defaults_file.as_deref())?;
     let device_name = super::device_name(a.device);
     let device = checkpoint::parse_device(device_name.as_deref())?;
     crate::train::set_threads(0);
@@ -654,6 +682,7 @@ fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
 /// Compares music statistics of generated and real pieces (a table on stdout).
 pub fn stats(a: StatsArgs) -> Result<i32> {
     use crate::eval::stats;
+    crate::train::config::check_val_fraction(a.val_fraction, "--val-fraction")?;
     if let Some(m) = &a.markdown {
         let inputs: Vec<(&str, &Path)> = a
             .generated

@@ -170,6 +170,7 @@ pub struct ContinueEvalArgs {
 /// continuations (key, density, range, repeated notes).
 pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     use crate::eval::continuation;
+    train::config::check_threads(a.threads, "--threads")?;
     if let Some(j) = &a.json {
         model_plan(&a.model, &a.data).write("--json", j).check()?;
     }
@@ -332,6 +333,7 @@ pub fn train(a: TrainArgs) -> Result<i32> {
 
 /// Scores a model on held-out pieces: tables on stdout, plot and JSON on request.
 pub fn eval(a: EvalArgs) -> Result<i32> {
+    train::config::check_threads(a.threads, "--threads")?;
     let png = a.png.clone().unwrap_or_else(|| match &a.json {
         Some(j) => j.with_extension("png"),
         None => a.model.join("eval.png"),

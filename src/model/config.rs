@@ -1,11 +1,82 @@
 //! Model hyper-parameters, presets and validation.
+//!
+//! Invariants: a [`ModelConfig`] read from a file (JSON `config.json`, a TOML
+//! `[model]` table) has no key this struct does not know (a misspelt key is an
+//! error, never a silently kept default); an integer field may be written as
+//! an integral float (`1e15`), so that its range check names it. A config
+//! that passes [`ModelConfig::validate`] has every field finite and within
+//! [`bounds`], and at most [`bounds::MAX_VALUES`] parameters and fixed buffers
+//! by [`ModelConfig::estimated_values`]: checked from arithmetic alone,
+//! before any `VarStore` is built.
 
 use anyhow::{bail, Result};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
-/// How positions enter the model.
+/// Bounds of the [`ModelConfig`] fields (see [`ModelConfig::validate`]).
+pub mod bounds {
+    /// Largest `vocab_size` (ids are u16).
+    pub const MAX_VOCAB: i64 = 1 << 16;
+    /// Largest `d_model`.
+    pub const MAX_D_MODEL: i64 = 16_384;
+    /// Largest `n_layers`.
+    pub const MAX_LAYERS: i64 = 512;
+    /// Largest `n_heads`.
+    pub const MAX_HEADS: i64 = 1024;
+    /// Largest `d_ff`.
+    pub const MAX_D_FF: i64 = 131_072;
+    /// Largest `chunk_size`.
+    pub const MAX_CHUNK: i64 = 65_536;
+    /// Largest `positional.sines`.
+    pub const MAX_SINES: i64 = 1024;
+    /// Largest `positional.realizations`.
+    pub const MAX_REALIZATIONS: i64 = 4096;
+    /// Largest `positional.kernel`.
+    pub const MAX_KERNEL: i64 = 16_384;
+    /// Largest `attention.features`.
+    pub const MAX_FEATURES: i64 = 16_384;
+    /// Largest `short_conv`.
+    pub const MAX_SHORT_CONV: i64 = 64;
+    /// Largest `local_window`.
+    pub const MAX_LOCAL_WINDOW: i64 = 1 << 20;
+    /// Most parameters and fixed buffers (random features, SPE noise) of a
+    /// model, by [`super::ModelConfig::estimated_values`]: 2^31, 8 GiB in f32.
+    pub const MAX_VALUES: u128 = 1 << 31;
+}
+
+/// Reads an integer field that may be written as an integral float (`1e15`
+/// in JSON, `4.0` in TOML): its value then reaches the range check of
+/// [`ModelConfig::validate`], which names the field. A fraction or a value
+/// beyond i64 is an error here.
+fn int<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<i64, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = i64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an integer")
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<i64, E> {
+            Ok(v)
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<i64, E> {
+            i64::try_from(v).map_err(|_| E::custom(format!("{v} is too large an integer")))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<i64, E> {
+            // 2^63 is the first value past i64::MAX
+            if v.fract() == 0.0 && v.abs() < (1u64 << 63) as f64 {
+                Ok(v as i64)
+            } else {
+                Err(E::custom(format!("expected an integer, got {v}")))
+            }
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// How positions enter the model. Read through [`PositionalFile`], which
+/// refuses unknown keys in every variant (serde lets an internally tagged
+/// unit variant such as `ape` take any key).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+#[serde(tag = "kind", rename_all = "kebab-case", from = "PositionalFile")]
 pub enum PositionalEncoding {
     /// Sinusoidal stochastic positional encoding (periodic kernel), `sines` = K, `realizations` = R.
     SpeSine {
@@ -95,9 +166,10 @@ pub enum LocalPosition {
 /// Base of the RoPE angles: pair j of a D-dimensional head turns by p * base^(-2j/D).
 pub const ROPE_BASE: f64 = 10000.0;
 
-/// Attention mechanism.
+/// Attention mechanism. Read through [`AttentionFile`], which refuses
+/// unknown keys in every variant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+#[serde(tag = "kind", rename_all = "kebab-case", from = "AttentionFile")]
 pub enum AttentionKind {
     /// FAVOR+ linear attention with `features` positive orthogonal random features.
     Favor {
@@ -109,18 +181,124 @@ pub enum AttentionKind {
     Softmax,
 }
 
+/// [`PositionalEncoding`] as a file spells it: every variant a struct, so
+/// that an unknown key is refused in each.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum PositionalFile {
+    /// [`PositionalEncoding::SpeSine`].
+    SpeSine {
+        #[serde(deserialize_with = "int")]
+        sines: i64,
+        #[serde(deserialize_with = "int")]
+        realizations: i64,
+        gated: bool,
+        shared: bool,
+        #[serde(default)]
+        freq_init: FreqInit,
+    },
+    /// [`PositionalEncoding::SpeConv`].
+    SpeConv {
+        #[serde(deserialize_with = "int")]
+        kernel: i64,
+        #[serde(deserialize_with = "int")]
+        realizations: i64,
+        gated: bool,
+        shared: bool,
+    },
+    /// [`PositionalEncoding::Ape`].
+    Ape {},
+    /// [`PositionalEncoding::None`].
+    None {},
+}
+
+impl From<PositionalFile> for PositionalEncoding {
+    fn from(f: PositionalFile) -> Self {
+        match f {
+            PositionalFile::SpeSine {
+                sines,
+                realizations,
+                gated,
+                shared,
+                freq_init,
+            } => PositionalEncoding::SpeSine {
+                sines,
+                realizations,
+                gated,
+                shared,
+                freq_init,
+            },
+            PositionalFile::SpeConv {
+                kernel,
+                realizations,
+                gated,
+                shared,
+            } => PositionalEncoding::SpeConv {
+                kernel,
+                realizations,
+                gated,
+                shared,
+            },
+            PositionalFile::Ape {} => PositionalEncoding::Ape,
+            PositionalFile::None {} => PositionalEncoding::None,
+        }
+    }
+}
+
+/// [`AttentionKind`] as a file spells it (see [`PositionalFile`]).
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum AttentionFile {
+    /// [`AttentionKind::Favor`].
+    Favor {
+        #[serde(deserialize_with = "int")]
+        features: i64,
+        antithetic: bool,
+        redraw_prob: f64,
+    },
+    /// [`AttentionKind::Softmax`].
+    Softmax {},
+}
+
+impl From<AttentionFile> for AttentionKind {
+    fn from(f: AttentionFile) -> Self {
+        match f {
+            AttentionFile::Favor {
+                features,
+                antithetic,
+                redraw_prob,
+            } => AttentionKind::Favor {
+                features,
+                antithetic,
+                redraw_prob,
+            },
+            AttentionFile::Softmax {} => AttentionKind::Softmax,
+        }
+    }
+}
+
+/// The model's hyper-parameters (`model` in a run's `config.json`). Every
+/// key the configs written so far hold is a field (the later ones default
+/// to their old meaning when absent); any other key is refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelConfig {
+    #[serde(deserialize_with = "int")]
     pub vocab_size: i64,
+    #[serde(deserialize_with = "int")]
     pub d_model: i64,
+    #[serde(deserialize_with = "int")]
     pub n_layers: i64,
+    #[serde(deserialize_with = "int")]
     pub n_heads: i64,
+    #[serde(deserialize_with = "int")]
     pub d_ff: i64,
     pub dropout: f64,
     pub positional: PositionalEncoding,
     pub attention: AttentionKind,
     /// Chunk length of the chunked causal linear attention (a pure speed/memory knob),
     /// which runs off the CPU: on the CPU in f32 the fused kernel takes no chunks.
+    #[serde(deserialize_with = "int")]
     pub chunk_size: i64,
     /// One matrix for the input embedding and the output head (no bias); otherwise an untied
     /// linear head with a bias.
@@ -137,7 +315,7 @@ pub struct ModelConfig {
     /// each query and key carry its last few tokens, which linear attention
     /// cannot single out by itself (docs/learning.md); the recurrent state keeps
     /// the last `short_conv - 1` projections per layer.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "int")]
     pub short_conv: i64,
     /// Heads of every layer that attend with exact softmax over the last
     /// `local_window` tokens (themselves included) instead of FAVOR+; the other
@@ -147,10 +325,10 @@ pub struct ModelConfig {
     /// `local_window` keys and values of these heads: still constant per token
     /// (docs/learning.md for why: FAVOR+ alone cannot retrieve a recent note
     /// exactly).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "int")]
     pub local_heads: i64,
     /// Tokens a local head sees (see `local_heads`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "int")]
     pub local_window: i64,
     /// Positions in the local heads: the FAVOR+ heads' SPE-filtered queries and keys
     /// (`shared`, configs written before the field) or RoPE on their own (`rope`).
@@ -370,26 +548,67 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Checks every setting, naming the first one out of range.
+    /// An upper estimate of the values a model of this config holds:
+    /// parameters plus fixed buffers (FAVOR+ random features, SPE noise),
+    /// from arithmetic alone (u128, so it never overflows for i64 fields).
+    pub fn estimated_values(&self) -> u128 {
+        let u = |v: i64| v.max(0) as u128;
+        let (v, d, ff, layers, heads) = (
+            u(self.vocab_size),
+            u(self.d_model),
+            u(self.d_ff),
+            u(self.n_layers),
+            u(self.n_heads),
+        );
+        let hd = d.checked_div(heads).unwrap_or(d);
+        let mut per_layer = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d;
+        per_layer += 3 * d * u(self.short_conv);
+        per_layer += match &self.positional {
+            PositionalEncoding::SpeSine {
+                sines,
+                realizations,
+                ..
+            } => heads * hd * (3 * u(*sines) + 2 * u(*sines) * u(*realizations)),
+            PositionalEncoding::SpeConv {
+                kernel,
+                realizations,
+                ..
+            } => heads * hd * (2 * u(*kernel) + u(*realizations)),
+            PositionalEncoding::Ape | PositionalEncoding::None => 0,
+        };
+        if let AttentionKind::Favor { features, .. } = &self.attention {
+            let qk = u(self.qk_dim()).max(hd);
+            per_layer += heads * u(*features) * qk;
+        }
+        let head = if self.tie_embeddings { 0 } else { v * d + v };
+        v * d + head + 2 * d + layers * per_layer
+    }
+
+    /// Checks every setting against its range ([`bounds`]) and the model's
+    /// size ([`Self::estimated_values`]), naming the first one out of range:
+    /// nothing is allocated before it passes.
     pub fn validate(&self) -> Result<()> {
-        let pos = |name: &str, v: i64| -> Result<()> {
-            if v <= 0 {
-                bail!("model config: {name} must be positive (got {v})");
+        use bounds::*;
+        let within = |name: &str, v: i64, lo: i64, hi: i64| -> Result<()> {
+            if !(lo..=hi).contains(&v) {
+                bail!("model config: {name} must be in {lo}..={hi} (got {v})");
             }
             Ok(())
         };
-        pos("vocab_size", self.vocab_size)?;
-        pos("d_model", self.d_model)?;
-        pos("n_layers", self.n_layers)?;
-        pos("n_heads", self.n_heads)?;
-        pos("d_ff", self.d_ff)?;
-        pos("chunk_size", self.chunk_size)?;
-        if !(0..=64).contains(&self.short_conv) {
+        within("vocab_size", self.vocab_size, 1, MAX_VOCAB)?;
+        within("d_model", self.d_model, 1, MAX_D_MODEL)?;
+        within("n_layers", self.n_layers, 1, MAX_LAYERS)?;
+        within("n_heads", self.n_heads, 1, MAX_HEADS)?;
+        within("d_ff", self.d_ff, 1, MAX_D_FF)?;
+        within("chunk_size", self.chunk_size, 1, MAX_CHUNK)?;
+        if !(0..=MAX_SHORT_CONV).contains(&self.short_conv) {
             bail!(
-                "model config: short_conv must be a kernel length in 0..=64, 0 for none (got {})",
+                "model config: short_conv must be a kernel length in 0..={MAX_SHORT_CONV}, 0 for none (got {})",
                 self.short_conv
             );
         }
+        within("local_heads", self.local_heads, 0, MAX_HEADS)?;
+        within("local_window", self.local_window, 0, MAX_LOCAL_WINDOW)?;
         if self.d_model % self.n_heads != 0 {
             bail!(
                 "model config: d_model ({}) must be divisible by n_heads ({})",
@@ -399,7 +618,7 @@ impl ModelConfig {
         }
         if !(0.0..1.0).contains(&self.dropout) {
             bail!(
-                "model config: dropout must be in [0, 1) (got {})",
+                "model config: dropout must be a number in [0, 1) (got {})",
                 self.dropout
             );
         }
@@ -410,16 +629,26 @@ impl ModelConfig {
                 realizations,
                 ..
             } => {
-                pos("positional.sines", *sines)?;
-                pos("positional.realizations", *realizations)?;
+                within("positional.sines", *sines, 1, MAX_SINES)?;
+                within(
+                    "positional.realizations",
+                    *realizations,
+                    1,
+                    MAX_REALIZATIONS,
+                )?;
             }
             PositionalEncoding::SpeConv {
                 kernel,
                 realizations,
                 ..
             } => {
-                pos("positional.kernel", *kernel)?;
-                pos("positional.realizations", *realizations)?;
+                within("positional.kernel", *kernel, 1, MAX_KERNEL)?;
+                within(
+                    "positional.realizations",
+                    *realizations,
+                    1,
+                    MAX_REALIZATIONS,
+                )?;
             }
             PositionalEncoding::Ape | PositionalEncoding::None => {}
         }
@@ -429,13 +658,25 @@ impl ModelConfig {
             redraw_prob,
         } = &self.attention
         {
-            pos("attention.features", *features)?;
+            within("attention.features", *features, 1, MAX_FEATURES)?;
             if *antithetic && features % 2 != 0 {
                 bail!("model config: antithetic FAVOR+ needs an even number of features (got {features})");
             }
             if !(0.0..=1.0).contains(redraw_prob) {
-                bail!("model config: attention.redraw_prob must be in [0, 1] (got {redraw_prob})");
+                bail!("model config: attention.redraw_prob must be a number in [0, 1] (got {redraw_prob})");
             }
+        }
+        let values = self.estimated_values();
+        if values > MAX_VALUES {
+            bail!(
+                "model config: d_model {}, n_layers {}, d_ff {}, n_heads {} and the attention \
+                 and positional settings make about {values} parameters and buffers, more than \
+                 the limit of {MAX_VALUES} (8 GiB in f32); make the model smaller",
+                self.d_model,
+                self.n_layers,
+                self.d_ff,
+                self.n_heads
+            );
         }
         Ok(())
     }
@@ -527,6 +768,102 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn hostile_sizes_are_refused_before_any_allocation() {
+        let tiny = ModelConfig::preset("tiny", 50).unwrap();
+        let refused = |change: &dyn Fn(&mut ModelConfig)| {
+            let mut c = tiny.clone();
+            change(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        let e = refused(&|c| c.n_layers = 100_000);
+        assert!(e.contains("n_layers") && e.contains("1..=512"), "{e}");
+        let e = refused(&|c| c.local_window = 1_000_000_000_000_000);
+        assert!(e.contains("local_window"), "{e}");
+        let e = refused(&|c| {
+            c.attention = AttentionKind::Favor {
+                features: i64::MAX,
+                antithetic: false,
+                redraw_prob: 0.0,
+            }
+        });
+        assert!(e.contains("attention.features"), "{e}");
+        let e = refused(&|c| c.dropout = f64::NAN);
+        assert!(e.contains("dropout"), "{e}");
+        // every field within its range, the whole too big
+        let e = refused(&|c| {
+            (c.n_layers, c.d_model, c.d_ff) = (512, 16_384, 131_072);
+        });
+        assert!(e.contains("parameters") && e.contains("2147483648"), "{e}");
+        let e = refused(&|c| {
+            c.positional = PositionalEncoding::SpeSine {
+                sines: 1024,
+                realizations: 4096,
+                gated: true,
+                shared: true,
+                freq_init: FreqInit::Spread,
+            };
+            c.n_layers = 512;
+        });
+        assert!(e.contains("parameters"), "{e}");
+        // the presets are far below the bound; the estimate grows with the size
+        let base = ModelConfig::preset("base", 900).unwrap();
+        assert!(base.estimated_values() < bounds::MAX_VALUES / 10);
+        assert!(base.estimated_values() > tiny.estimated_values());
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_and_integral_floats_reach_the_range_check() {
+        let c = ModelConfig::preset("small", 877).unwrap();
+        let v = serde_json::to_value(&c).unwrap();
+        let mut bad = v.clone();
+        bad["local_head"] = serde_json::json!(2);
+        let e = serde_json::from_value::<ModelConfig>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("local_head"), "{e}");
+        let mut bad = v.clone();
+        bad["positional"]["sine"] = serde_json::json!(5);
+        let e = serde_json::from_value::<ModelConfig>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sine"), "{e}");
+        let mut bad = v.clone();
+        bad["attention"]["feature"] = serde_json::json!(5);
+        assert!(serde_json::from_value::<ModelConfig>(bad).is_err());
+        for bad in [r#"{"kind":"ape","x":1}"#, r#"{"kind":"none","sines":5}"#] {
+            assert!(
+                serde_json::from_str::<PositionalEncoding>(bad).is_err(),
+                "{bad}"
+            );
+        }
+        let e = serde_json::from_str::<AttentionKind>(r#"{"kind":"softmax","features":8}"#);
+        assert!(e.unwrap_err().to_string().contains("features"));
+        assert_eq!(
+            serde_json::from_str::<AttentionKind>(r#"{"kind":"softmax"}"#).unwrap(),
+            AttentionKind::Softmax
+        );
+        let mut big = v.clone();
+        big["local_window"] = serde_json::json!(1e15);
+        let big: ModelConfig = serde_json::from_value(big).unwrap();
+        let e = big.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("local_window") && e.contains("1000000000000000"),
+            "{e}"
+        );
+        let mut frac = v;
+        frac["d_model"] = serde_json::json!(2.5);
+        let e = serde_json::from_value::<ModelConfig>(frac)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2.5"), "{e}");
+        // the shipped model's config still loads and passes
+        let text = std::fs::read_to_string("models/cadenza-small/config.json").unwrap();
+        let run: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let shipped: ModelConfig = serde_json::from_value(run["model"].clone()).unwrap();
+        shipped.validate().unwrap();
     }
 
     #[test]

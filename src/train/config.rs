@@ -1,6 +1,56 @@
 //! Training options: one serde struct, written into every run folder.
+//!
+//! Invariants: a [`TrainConfig`] or [`RunConfig`] read from a file has no key
+//! these structs do not know; one that passes [`TrainConfig::validate`] has
+//! every number finite and within [`bounds`] (named with its flag where it has
+//! one), so that it is checked before any allocation and a `config.json`
+//! written from it never holds a `null`.
 
 use serde::{Deserialize, Serialize};
+
+/// Bounds of the [`TrainConfig`] fields and of the thread flags.
+pub mod bounds {
+    /// Largest `steps`, `warmup_steps`, `val_every` and `checkpoint_every`.
+    pub const MAX_STEPS: u64 = 1_000_000_000;
+    /// Largest `seq_len`.
+    pub const MAX_SEQ_LEN: i64 = 1 << 20;
+    /// Largest `batch`.
+    pub const MAX_BATCH: i64 = 1 << 16;
+    /// Most tokens of one training step: `batch` x (`seq_len` + 1).
+    pub const MAX_STEP_TOKENS: i64 = 1 << 24;
+    /// Largest `weight_decay`.
+    pub const MAX_WEIGHT_DECAY: f64 = 1.0;
+    /// Largest `eps`.
+    pub const MAX_EPS: f64 = 1.0;
+    /// Largest `grad_clip`.
+    pub const MAX_GRAD_CLIP: f64 = 1e6;
+    /// Largest `val_windows`.
+    pub const MAX_VAL_WINDOWS: usize = 1 << 20;
+    /// Most libtorch threads (`threads`, `--threads`); 0 means all cores.
+    pub const MAX_THREADS: usize = 1024;
+}
+
+/// Refuses a thread count above [`bounds::MAX_THREADS`], naming `flag`:
+/// libtorch's OpenMP aborts the process on an impossible count, which would
+/// leave a run folder locked.
+pub fn check_threads(threads: usize, flag: &str) -> anyhow::Result<()> {
+    if threads > bounds::MAX_THREADS {
+        anyhow::bail!(
+            "{flag} {threads}: at most {} threads (0 = all cores; this machine has {})",
+            bounds::MAX_THREADS,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
+    }
+    Ok(())
+}
+
+/// Refuses a validation share outside [0, 0.9) (NaN included), naming `what`.
+pub fn check_val_fraction(v: f64, what: &str) -> anyhow::Result<()> {
+    if !(0.0..0.9).contains(&v) {
+        anyhow::bail!("{what} must be a number in [0, 0.9) (got {v})");
+    }
+    Ok(())
+}
 
 use crate::model::{ModelConfig, Precision};
 
@@ -100,37 +150,110 @@ impl TrainConfig {
         }
     }
 
+    /// Checks every field against its range ([`bounds`]), naming it (and
+    /// its flag where it has one): NaN and infinities are refused everywhere.
     pub fn validate(&self) -> anyhow::Result<()> {
         use anyhow::ensure;
-        ensure!(self.steps >= 1, "steps must be at least 1 (got 0)");
-        ensure!(self.seq_len >= 2, "seq_len must be at least 2");
-        ensure!(self.batch >= 1, "batch must be at least 1");
+        use bounds::*;
+        let number = |name: &str, v: f64, lo: f64, hi: f64, lo_open: bool| -> anyhow::Result<()> {
+            let above = if lo_open { v > lo } else { v >= lo };
+            ensure!(
+                above && v <= hi,
+                "{name} must be a finite number in {}{lo}, {hi}] (got {v})",
+                if lo_open { "(" } else { "[" }
+            );
+            Ok(())
+        };
+        ensure!(self.steps >= 1, "steps must be at least 1 (--steps; got 0)");
+        ensure!(
+            self.steps <= MAX_STEPS,
+            "steps must be in 1..={MAX_STEPS} (--steps; got {})",
+            self.steps
+        );
+        ensure!(
+            (2..=MAX_SEQ_LEN).contains(&self.seq_len),
+            "seq_len (--seq-len) must be in 2..={MAX_SEQ_LEN} (got {})",
+            self.seq_len
+        );
+        ensure!(
+            (1..=MAX_BATCH).contains(&self.batch),
+            "batch (--batch) must be in 1..={MAX_BATCH} (got {})",
+            self.batch
+        );
+        let step_tokens = self.batch * (self.seq_len + 1);
+        ensure!(
+            step_tokens <= MAX_STEP_TOKENS,
+            "batch (--batch) {} x (seq_len (--seq-len) {} + 1) makes {step_tokens} tokens per \
+             step, more than {MAX_STEP_TOKENS}",
+            self.batch,
+            self.seq_len
+        );
+        // no upper bound but finiteness: a huge rate is a divergence that
+        // training reports at its first step, naming --lr
         ensure!(
             self.lr > 0.0 && self.lr.is_finite(),
-            "lr must be a positive number (got {})",
+            "lr must be a positive finite number (--lr; got {})",
+            self.lr
+        );
+        number("min_lr", self.min_lr, 0.0, f64::MAX, false)?;
+        ensure!(
+            self.min_lr <= self.lr,
+            "min_lr ({}) must not be above lr ({}): the schedule decays from lr to min_lr",
+            self.min_lr,
             self.lr
         );
         ensure!(
-            self.min_lr >= 0.0 && self.min_lr.is_finite(),
-            "min_lr must be zero or positive (got {})",
-            self.min_lr
+            self.warmup_steps <= MAX_STEPS,
+            "warmup_steps must be in 0..={MAX_STEPS} (got {})",
+            self.warmup_steps
+        );
+        number(
+            "weight_decay",
+            self.weight_decay,
+            0.0,
+            MAX_WEIGHT_DECAY,
+            false,
+        )?;
+        ensure!(
+            (0.0..1.0).contains(&self.beta1),
+            "beta1 must be a number in [0, 1) (got {})",
+            self.beta1
         );
         ensure!(
-            (0.0..1.0).contains(&self.beta1) && (0.0..1.0).contains(&self.beta2),
-            "betas must be in [0, 1)"
+            (0.0..1.0).contains(&self.beta2),
+            "beta2 must be a number in [0, 1) (got {})",
+            self.beta2
         );
-        ensure!(
-            (0.0..0.9).contains(&self.val_fraction),
-            "val_fraction must be in [0, 0.9)"
-        );
+        number("eps", self.eps, 0.0, MAX_EPS, true)?;
+        number(
+            "grad_clip (0 = off)",
+            self.grad_clip,
+            0.0,
+            MAX_GRAD_CLIP,
+            false,
+        )?;
+        check_val_fraction(self.val_fraction, "val_fraction")?;
         ensure!(
             (0..=24).contains(&self.transpose),
-            "transpose must be in 0..=24"
+            "transpose must be in 0..=24 (got {})",
+            self.transpose
         );
         ensure!(
-            self.val_every >= 1 && self.checkpoint_every >= 1,
-            "val_every and checkpoint_every must be >= 1"
+            (1..=MAX_STEPS).contains(&self.val_every),
+            "val_every must be in 1..={MAX_STEPS} (got {})",
+            self.val_every
         );
+        ensure!(
+            (1..=MAX_STEPS).contains(&self.checkpoint_every),
+            "checkpoint_every must be in 1..={MAX_STEPS} (got {})",
+            self.checkpoint_every
+        );
+        ensure!(
+            self.val_windows <= MAX_VAL_WINDOWS,
+            "val_windows must be in 0..={MAX_VAL_WINDOWS} (got {})",
+            self.val_windows
+        );
+        check_threads(self.threads, "threads")?;
         Ok(())
     }
 
@@ -146,7 +269,9 @@ impl TrainConfig {
 }
 
 /// Everything that defines a run, saved as `config.json` in the run folder.
+/// Every key the runs written so far hold is a field; any other is refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunConfig {
     pub model: ModelConfig,
     pub train: TrainConfig,
@@ -211,6 +336,62 @@ mod tests {
         assert_eq!(c.precision, Precision::Bf16);
         let t: toml::Table = toml::from_str("precision = \"fp8\"").unwrap();
         assert!(merge_table(&TrainConfig::default(), &t).is_err());
+    }
+
+    #[test]
+    fn hostile_training_values_are_refused_naming_the_field() {
+        type Change = fn(&mut TrainConfig);
+        let cases: [(&str, Change); 15] = [
+            ("grad_clip", |c| c.grad_clip = f64::NAN),
+            ("weight_decay", |c| c.weight_decay = f64::NAN),
+            ("grad_clip", |c| c.grad_clip = -1.0),
+            ("weight_decay", |c| c.weight_decay = -0.1),
+            ("eps", |c| c.eps = -1e-8),
+            ("eps", |c| c.eps = 0.0),
+            ("min_lr", |c| c.min_lr = 2.0 * c.lr),
+            ("--lr; got inf", |c| c.lr = f64::INFINITY),
+            ("batch (--batch)", |c| c.batch = 100_000_000),
+            ("--seq-len", |c| c.seq_len = 100_000_000),
+            ("--batch", |c| (c.batch, c.seq_len) = (65_536, 1024)),
+            ("--steps; got 18446744073709551615", |c| c.steps = u64::MAX),
+            ("beta2", |c| c.beta2 = f64::NAN),
+            ("val_fraction", |c| c.val_fraction = f64::NAN),
+            ("threads", |c| c.threads = 100_000),
+        ];
+        for (name, change) in cases {
+            let mut c = TrainConfig::default();
+            change(&mut c);
+            let e = format!("{:#}", c.validate().unwrap_err());
+            assert!(e.contains(name), "{name}: {e}");
+        }
+        TrainConfig {
+            grad_clip: 0.0,
+            weight_decay: 0.0,
+            min_lr: 1e-3,
+            ..TrainConfig::default()
+        }
+        .validate()
+        .unwrap();
+        assert!(check_threads(1024, "--threads").is_ok());
+        let e = check_threads(100_000, "--threads").unwrap_err().to_string();
+        assert!(e.contains("--threads 100000") && e.contains("1024"), "{e}");
+    }
+
+    #[test]
+    fn the_shipped_run_config_loads_and_unknown_keys_are_refused() {
+        let text = std::fs::read_to_string("models/cadenza-small/config.json").unwrap();
+        let c: RunConfig = serde_json::from_str(&text).unwrap();
+        c.model.validate().unwrap();
+        c.train.validate().unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["datasets"] = serde_json::json!("x");
+        let e = serde_json::from_value::<RunConfig>(v)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("datasets"), "{e}");
+        let t: toml::Table = toml::from_str("local_head = 2").unwrap();
+        let e = format!("{:#}", merge_table(&c.model, &t).unwrap_err());
+        assert!(e.contains("local_head"), "{e}");
     }
 
     #[test]

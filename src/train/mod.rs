@@ -30,6 +30,8 @@ use checkpoint::{TrainState, CONFIG_FILE, VOCAB_FILE};
 use config::{ConfigFile, RunConfig, TrainConfig};
 
 pub const METRICS_FILE: &str = "metrics.jsonl";
+/// Most bytes of training batches `export-probe` writes (`train.bin`): 4 GiB.
+pub const MAX_PROBE_BYTES: u128 = 4 << 30;
 pub const PLOT_FILE: &str = "loss.png";
 
 /// What the `train` command asks for. `None` fields fall back to the config
@@ -449,11 +451,23 @@ pub fn export_probe(o: &TrainOptions, out: &Path) -> Result<()> {
     if out.exists() {
         bail!("{} exists; choose a new folder", out.display());
     }
+    let window = tc.seq_len as usize + 1;
+    let steps = o.stop_after.unwrap_or(tc.steps).min(tc.steps);
+    // checked before the folder is made: the batches are built in memory
+    let train_bytes = steps as u128 * tc.batch as u128 * window as u128 * 4;
+    if train_bytes > MAX_PROBE_BYTES {
+        bail!(
+            "--steps {steps} x --batch {} x (--seq-len {} + 1) tokens make {} MiB of training \
+             batches, more than the {} MiB a probe may hold; export fewer steps or smaller batches",
+            tc.batch,
+            tc.seq_len,
+            train_bytes >> 20,
+            MAX_PROBE_BYTES >> 20
+        );
+    }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let split = data::split(&ds, tc.seed, tc.val_fraction);
     let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose);
-    let window = tc.seq_len as usize + 1;
-    let steps = o.stop_after.unwrap_or(tc.steps).min(tc.steps);
     let mut train = Vec::with_capacity(steps as usize * tc.batch as usize * window * 4);
     for step in 0..steps {
         for id in batcher.batch(step, tc.batch as usize, window) {
@@ -537,9 +551,46 @@ fn clock(secs: f64) -> String {
     }
 }
 
+/// Refuses flags of `train` that no run can use, before anything is created
+/// or locked: `--threads` above the bound, `--stop-after 0`.
+fn check_train_flags(o: &TrainOptions) -> Result<()> {
+    if let Some(t) = o.threads {
+        config::check_threads(t, "--threads")?;
+    }
+    if o.stop_after == Some(0) {
+        bail!("--stop-after 0 would stop before the first step; give a step of at least 1");
+    }
+    Ok(())
+}
+
+/// With `--resume`: refuses a `--steps` (with `--extend`) or `--stop-after`
+/// that is not after the step the run's checkpoint has reached, before the
+/// run's config is rewritten.
+fn check_resume_step(o: &TrainOptions, cfg: &RunConfig) -> Result<()> {
+    let dir = checkpoint::resume_dir(&o.run_dir)?;
+    let state: TrainState = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
+    if o.extend && cfg.train.steps <= state.step {
+        bail!(
+            "--extend --steps {}: {} is at step {} already; give more steps than that",
+            cfg.train.steps,
+            o.run_dir.display(),
+            state.step
+        );
+    }
+    if let Some(s) = o.stop_after.filter(|&s| s <= state.step) {
+        bail!(
+            "--stop-after {s}: {} is at step {} already; give a later step",
+            o.run_dir.display(),
+            state.step
+        );
+    }
+    Ok(())
+}
+
 /// Trains (or resumes) a run.
 pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     let run = &o.run_dir;
+    check_train_flags(o)?;
     if o.resume && !run.join(CONFIG_FILE).is_file() {
         bail!(
             "--resume: {} is not a run folder (no {CONFIG_FILE})",
@@ -558,6 +609,9 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         }
     };
     let mut cfg = resolve_config(o, &vocab)?;
+    if o.resume {
+        check_resume_step(o, &cfg)?;
+    }
     checkpoint::check_vocab(&cfg, &vocab, &run.join(VOCAB_FILE))?;
     let device = checkpoint::parse_device(o.device.as_deref())?;
     let precision = resolve_precision(o, &mut cfg.train, device)?;

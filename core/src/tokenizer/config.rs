@@ -83,17 +83,45 @@ impl Default for RemiConfig {
     }
 }
 
+/// Bounds of the [`RemiConfig`] fields (see [`RemiConfig::validate`]).
+pub mod bounds {
+    /// Largest `positions_per_quarter`.
+    pub const MAX_POSITIONS_PER_QUARTER: u32 = 480;
+    /// Largest `exact_duration_quarters` and `max_duration_quarters`.
+    pub const MAX_DURATION_QUARTERS: u32 = 1024;
+    /// `long_duration_ratio` lies in this closed range.
+    pub const LONG_DURATION_RATIO: (f64, f64) = (1.01, 16.0);
+    /// `tempo_min_bpm` and `tempo_max_bpm` lie in this closed range.
+    pub const TEMPO_BPM: (f64, f64) = (1.0, 10_000.0);
+    /// `tempo_ratio` lies in this closed range.
+    pub const TEMPO_RATIO: (f64, f64) = (1.001, 4.0);
+    /// Largest `max_numerator`.
+    pub const MAX_NUMERATOR: u8 = 64;
+    /// Largest denominator.
+    pub const MAX_DENOMINATOR: u8 = 64;
+    /// Most Position tokens (steps of the longest bar).
+    pub const MAX_BAR_STEPS: u32 = 4096;
+    /// Most tokens of a vocabulary: ids are stored as u16.
+    pub const MAX_TOKENS: u64 = u16::MAX as u64;
+}
+
 impl RemiConfig {
+    /// Checks every field against its documented range ([`bounds`]) and
+    /// the size of the vocabulary it builds, from arithmetic alone: nothing
+    /// is allocated before it passes, and every error names the field and
+    /// the range it must lie in. A config that passes builds a vocabulary of
+    /// at most [`bounds::MAX_TOKENS`] tokens with finite grids.
     pub fn validate(&self) -> anyhow::Result<()> {
-        use anyhow::ensure;
+        use anyhow::{bail, ensure};
+        use bounds::*;
         ensure!(
-            (1..=480).contains(&self.positions_per_quarter),
-            "positions_per_quarter must be in 1..=480 (got {})",
+            (1..=MAX_POSITIONS_PER_QUARTER).contains(&self.positions_per_quarter),
+            "positions_per_quarter must be in 1..={MAX_POSITIONS_PER_QUARTER} (got {})",
             self.positions_per_quarter
         );
         ensure!(
             self.pitch_max <= 127,
-            "pitch_max must be at most 127 (got {})",
+            "pitch_max must be in 0..=127 (got {})",
             self.pitch_max
         );
         ensure!(
@@ -104,7 +132,7 @@ impl RemiConfig {
         );
         ensure!(
             self.drum_pitch_max <= 127,
-            "drum_pitch_max must be at most 127 (got {})",
+            "drum_pitch_max must be in 0..=127 (got {})",
             self.drum_pitch_max
         );
         ensure!(
@@ -115,40 +143,110 @@ impl RemiConfig {
         );
         ensure!(
             self.velocity_bins >= 1 && self.velocity_bins <= 128 && 128 % self.velocity_bins == 0,
-            "velocity_bins must divide 128"
+            "velocity_bins must divide 128: one of 1, 2, 4, 8, 16, 32, 64, 128 (got {})",
+            self.velocity_bins
         );
         ensure!(
-            self.exact_duration_quarters >= 1
-                && self.max_duration_quarters >= self.exact_duration_quarters,
-            "need 1 <= exact_duration_quarters <= max_duration_quarters"
+            (1..=MAX_DURATION_QUARTERS).contains(&self.exact_duration_quarters),
+            "exact_duration_quarters must be in 1..={MAX_DURATION_QUARTERS} (got {})",
+            self.exact_duration_quarters
         );
         ensure!(
-            self.long_duration_ratio > 1.0 && self.tempo_ratio > 1.0,
-            "ratios must be > 1"
+            (self.exact_duration_quarters..=MAX_DURATION_QUARTERS)
+                .contains(&self.max_duration_quarters),
+            "max_duration_quarters must be in exact_duration_quarters..={MAX_DURATION_QUARTERS}, \
+             that is {}..={MAX_DURATION_QUARTERS} (got {})",
+            self.exact_duration_quarters,
+            self.max_duration_quarters
         );
+        let in_range = |name: &str, v: f64, (lo, hi): (f64, f64)| -> anyhow::Result<()> {
+            // NaN fails both comparisons; infinities are outside any range
+            if !(v >= lo && v <= hi) {
+                bail!("{name} must be a finite number in [{lo}, {hi}] (got {v})");
+            }
+            Ok(())
+        };
+        in_range(
+            "long_duration_ratio",
+            self.long_duration_ratio,
+            LONG_DURATION_RATIO,
+        )?;
+        in_range("tempo_min_bpm", self.tempo_min_bpm, TEMPO_BPM)?;
+        in_range("tempo_max_bpm", self.tempo_max_bpm, TEMPO_BPM)?;
         ensure!(
-            self.tempo_min_bpm > 0.0 && self.tempo_max_bpm > self.tempo_min_bpm,
-            "bad tempo range"
+            self.tempo_max_bpm > self.tempo_min_bpm,
+            "tempo_max_bpm ({}) must be above tempo_min_bpm ({})",
+            self.tempo_max_bpm,
+            self.tempo_min_bpm
         );
+        in_range("tempo_ratio", self.tempo_ratio, TEMPO_RATIO)?;
         ensure!(
-            (1..=64).contains(&self.max_numerator),
-            "max_numerator must be in 1..=64"
+            (1..=MAX_NUMERATOR).contains(&self.max_numerator),
+            "max_numerator must be in 1..={MAX_NUMERATOR} (got {})",
+            self.max_numerator
         );
         ensure!(
             !self.denominators.is_empty()
                 && self
                     .denominators
                     .iter()
-                    .all(|d| d.is_power_of_two() && *d <= 64),
-            "denominators must be powers of two <= 64"
+                    .all(|d| d.is_power_of_two() && *d <= MAX_DENOMINATOR),
+            "denominators must be a non-empty list of powers of two in 1..={MAX_DENOMINATOR} \
+             (got {:?})",
+            self.denominators
+        );
+        let mut dens = self.denominators.clone();
+        dens.sort_unstable();
+        dens.dedup();
+        ensure!(
+            dens.len() == self.denominators.len(),
+            "denominators must not repeat a value (got {:?})",
+            self.denominators
         );
         ensure!(
             (1..=127).contains(&self.default_velocity),
-            "default_velocity must be in 1..=127"
+            "default_velocity must be in 1..=127 (got {})",
+            self.default_velocity
         );
         let positions = self.max_bar_steps();
-        ensure!(positions <= 4096, "bars too long: {positions} positions");
+        ensure!(
+            positions <= MAX_BAR_STEPS,
+            "bars too long: max_numerator / the smallest denominator x 4 x \
+             positions_per_quarter makes {positions} positions, more than {MAX_BAR_STEPS}"
+        );
+        let tokens = self.token_count_bound();
+        ensure!(
+            tokens <= MAX_TOKENS,
+            "the vocabulary would hold about {tokens} tokens, more than the {MAX_TOKENS} that \
+             u16 ids allow (exact_duration_quarters x positions_per_quarter = {} duration \
+             tokens, {} tempo tokens)",
+            self.exact_duration_quarters as u64 * self.positions_per_quarter as u64,
+            self.tempo_count()
+        );
         Ok(())
+    }
+
+    /// An upper bound of the number of tokens the vocabulary of this config
+    /// holds, from arithmetic only (the grids are not built). Meaningful for
+    /// a config whose fields lie within [`bounds`].
+    fn token_count_bound(&self) -> u64 {
+        let ppq = self.positions_per_quarter as u64;
+        let exact = self.exact_duration_quarters as u64 * ppq;
+        let max = self.max_duration_quarters as u64 * ppq;
+        // exact steps, then at most one value per ratio step up to max, then max
+        let long = ((max as f64 / exact as f64).ln() / self.long_duration_ratio.ln()).ceil();
+        let durations = exact + long.max(0.0) as u64 + 1;
+        let time_sigs = self.max_numerator as u64 * self.denominators.len() as u64;
+        let pitches = (self.pitch_max - self.pitch_min) as u64 + 1;
+        let drums = (self.drum_pitch_max - self.drum_pitch_min) as u64 + 1;
+        4 + time_sigs
+            + self.max_bar_steps() as u64
+            + self.tempo_count() as u64
+            + 129
+            + pitches
+            + drums
+            + self.velocity_bins as u64
+            + durations
     }
 
     /// Steps in a bar of `num/den`.
@@ -281,6 +379,78 @@ pub fn nearest_duration(durations: &[u32], steps: u32) -> (usize, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error of `validate` on the default config changed by `change`.
+    fn refused(change: impl FnOnce(&mut RemiConfig)) -> String {
+        let mut c = RemiConfig::default();
+        change(&mut c);
+        format!("{:#}", c.validate().unwrap_err())
+    }
+
+    #[test]
+    fn hostile_values_are_refused_naming_the_field_and_range() {
+        // 221 GB of tempo bins
+        let e = refused(|c| c.tempo_ratio = 1.000_000_000_1);
+        assert!(e.contains("tempo_ratio") && e.contains("[1.001, 4]"), "{e}");
+        // exact * ppq overflowed u32
+        let e = refused(|c| {
+            c.exact_duration_quarters = u32::MAX;
+            c.max_duration_quarters = u32::MAX;
+        });
+        assert!(
+            e.contains("exact_duration_quarters") && e.contains("1..=1024"),
+            "{e}"
+        );
+        // 0 tempo tokens, then a panic in f64::clamp
+        let e = refused(|c| {
+            c.tempo_min_bpm = 1e-300;
+            c.tempo_max_bpm = 1e300;
+        });
+        assert!(e.contains("tempo_min_bpm"), "{e}");
+        for bad in [f64::INFINITY, f64::NAN, -1.0] {
+            let e = refused(|c| c.tempo_max_bpm = bad);
+            assert!(e.contains("tempo_max_bpm") && e.contains("finite"), "{e}");
+            let e = refused(|c| c.long_duration_ratio = bad);
+            assert!(e.contains("long_duration_ratio"), "{e}");
+        }
+        let e = refused(|c| c.tempo_max_bpm = c.tempo_min_bpm);
+        assert!(e.contains("above tempo_min_bpm"), "{e}");
+        let e = refused(|c| c.max_duration_quarters = 5);
+        assert!(
+            e.contains("max_duration_quarters") && e.contains("12..=1024"),
+            "{e}"
+        );
+        let e = refused(|c| c.denominators = vec![4, 4]);
+        assert!(e.contains("repeat"), "{e}");
+        let e = refused(|c| c.velocity_bins = 3);
+        assert!(e.contains("velocity_bins") && e.contains("got 3"), "{e}");
+        // every field in range, but too many tokens for u16 ids
+        let e = refused(|c| {
+            c.positions_per_quarter = 480;
+            c.exact_duration_quarters = 200;
+            c.max_duration_quarters = 200;
+            c.max_numerator = 2;
+        });
+        assert!(e.contains("u16 ids") && e.contains("96000"), "{e}");
+    }
+
+    #[test]
+    fn configs_at_the_bounds_are_accepted() {
+        let c = RemiConfig {
+            tempo_min_bpm: 1.0,
+            tempo_max_bpm: 10_000.0,
+            tempo_ratio: 1.001,
+            long_duration_ratio: 1.01,
+            exact_duration_quarters: 1,
+            max_duration_quarters: 1024,
+            ..RemiConfig::default()
+        };
+        c.validate().unwrap();
+        let bound = c.token_count_bound();
+        let v = crate::tokenizer::Vocab::new(c).unwrap();
+        assert!(v.len() as u64 <= bound, "{} > {bound}", v.len());
+        assert!(v.num_tempos() >= 2);
+    }
 
     #[test]
     fn default_grids_meet_fidelity_bounds() {

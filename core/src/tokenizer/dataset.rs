@@ -537,10 +537,11 @@ impl Dataset {
         let n = tokens.len() as u64 / 2;
         if tokens.len() % 2 != 0 || n != manifest.tokens {
             bail!(
-                "{}: holds {} tokens but the manifest says {}",
+                "{}: {} bytes, but the manifest's {} tokens of 2 bytes make {} bytes",
                 path.display(),
-                n,
-                manifest.tokens
+                tokens.len(),
+                manifest.tokens,
+                manifest.tokens as u128 * 2
             );
         }
         // Every id must be in the vocabulary: an id past its end would index

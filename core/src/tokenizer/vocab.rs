@@ -112,7 +112,11 @@ pub struct Vocab {
     hash: String,
 }
 
+/// The vocabulary file. Every key is required and an unknown one is refused
+/// (every vocabulary written so far, `vocab/*.json` included, has exactly
+/// these five).
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct VocabFile {
     version: u32,
     hash: String,
@@ -334,6 +338,11 @@ impl Vocab {
 
     /// Writes the vocabulary as JSON (strings, ids by position, config, version, hash).
     pub fn save(&self, path: &Path) -> Result<()> {
+        // a vocabulary is only built from a valid config; checked again so
+        // that nothing out of range (a `null` for an infinity) is ever written
+        self.config
+            .validate()
+            .with_context(|| format!("{}: not written", path.display()))?;
         let file = VocabFile {
             version: VOCAB_VERSION,
             hash: self.hash.clone(),
@@ -357,8 +366,24 @@ impl Vocab {
                 file.version
             );
         }
+        if file.size != file.tokens.len() {
+            bail!(
+                "{}: size says {} tokens but the token list holds {}",
+                path.display(),
+                file.size,
+                file.tokens.len()
+            );
+        }
         let v = Vocab::new(file.config)
             .with_context(|| format!("{}: bad tokenizer config", path.display()))?;
+        if v.len() != file.size {
+            bail!(
+                "{}: size says {} tokens but its config builds {}",
+                path.display(),
+                file.size,
+                v.len()
+            );
+        }
         if v.strings != file.tokens || v.hash != file.hash {
             bail!(
                 "{}: token list or hash does not match its config (file edited or from another version)",
@@ -409,6 +434,47 @@ mod tests {
         std::fs::write(&p, text).unwrap();
         let err = Vocab::load(&p).unwrap_err().to_string();
         assert!(err.contains("v.json"), "{err}");
+    }
+
+    #[test]
+    fn size_and_unknown_keys_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.json");
+        Vocab::new(RemiConfig::default()).unwrap().save(&p).unwrap();
+        let good: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        let mut bad = good.clone();
+        bad["size"] = serde_json::json!(876);
+        std::fs::write(&p, bad.to_string()).unwrap();
+        let e = format!("{:#}", Vocab::load(&p).unwrap_err());
+        assert!(
+            e.contains("v.json") && e.contains("876") && e.contains("877"),
+            "{e}"
+        );
+        let mut bad = good.clone();
+        bad["sise"] = serde_json::json!(877);
+        std::fs::write(&p, bad.to_string()).unwrap();
+        let e = format!("{:#}", Vocab::load(&p).unwrap_err());
+        assert!(e.contains("sise"), "{e}");
+        let mut bad = good;
+        bad["config"]["tempo_ratios"] = serde_json::json!(1.1);
+        std::fs::write(&p, bad.to_string()).unwrap();
+        let e = format!("{:#}", Vocab::load(&p).unwrap_err());
+        assert!(e.contains("tempo_ratios"), "{e}");
+    }
+
+    #[test]
+    fn shipped_vocabularies_load() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vocab");
+        let mut n = 0;
+        for f in std::fs::read_dir(&root).unwrap() {
+            let p = f.unwrap().path();
+            if p.extension().is_some_and(|e| e == "json") {
+                Vocab::load(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "{n} vocabularies under {}", root.display());
     }
 
     #[test]
