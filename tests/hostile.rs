@@ -2,6 +2,8 @@
 //! here, and every command that could hang runs as a child process with a
 //! deadline (killed and failed when it passes).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -578,29 +580,7 @@ fn torch() -> std::sync::MutexGuard<'static, ()> {
 
 /// A dataset of a few scales in different keys.
 fn scales_dataset(dir: &Path) -> PathBuf {
-    let mdir = dir.join("scales");
-    std::fs::create_dir_all(&mdir).unwrap();
-    for k in 0..6u8 {
-        let mut sc = midi::Score::new(480);
-        for i in 0..32u64 {
-            sc.notes.push(midi::Note {
-                start: i * 240,
-                duration: 240,
-                pitch: 48 + k + [0u8, 2, 4, 5, 7, 9, 11, 12][(i % 8) as usize],
-                velocity: 80,
-                program: 0,
-                channel: 0,
-                is_drum: false,
-            });
-        }
-        midi::write_file(&sc, &mdir.join(format!("s{k}.mid"))).unwrap();
-    }
-    let vocab = Vocab::new(Default::default()).unwrap();
-    let files = dataset::collect_midi_files(&[mdir]).unwrap();
-    let results = dataset::tokenize_files(&files, &vocab, &|| {});
-    let out = dir.join("data");
-    dataset::write_dataset(&out, &vocab, &files, results).unwrap();
-    out
+    common::scales_dataset(dir, "scales", 6, 48)
 }
 
 fn tiny_opts(run: &Path, data: &Path) -> cadenza::train::TrainOptions {

@@ -7,9 +7,11 @@
 //! Commands run as child processes with a deadline (a hang or an abort is a
 //! failure); the cases that need a trained run use the library.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Instant;
 
 use cadenza::midi;
 use cadenza::model::ModelConfig;
@@ -24,32 +26,9 @@ struct Out {
 
 /// Runs `cadenza ARGS`, killed and failed past `deadline_s` seconds.
 fn cadenza(args: &[&str], deadline_s: f64) -> Out {
-    let dir = tempfile::tempdir().unwrap();
-    let err_p = dir.path().join("err");
-    let t0 = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cadenza"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err_p).unwrap())
-        .spawn()
-        .unwrap();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed().as_secs_f64() > deadline_s {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("cadenza {args:?} still ran after {deadline_s} s: killed");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Out {
-        // a signal (an abort) has no code: -1 fails every assertion below
-        code: status.code().unwrap_or(-1),
-        stderr: std::fs::read_to_string(err_p).unwrap_or_default(),
-    }
+    // a signal (an abort) has no code: -1 fails every assertion below
+    let (code, stderr) = common::run_cadenza(args, deadline_s);
+    Out { code, stderr }
 }
 
 /// Asserts a clean refusal (exit code 1, no panic or backtrace) whose
@@ -72,29 +51,7 @@ fn s(p: &Path) -> &str {
 
 /// A few scales written as MIDI files into `dir/midi`, tokenized into `dir/data`.
 fn scales_dataset(dir: &Path) -> PathBuf {
-    let mdir = dir.join("midi");
-    std::fs::create_dir_all(&mdir).unwrap();
-    for k in 0..4u8 {
-        let mut sc = midi::Score::new(480);
-        for i in 0..32u64 {
-            sc.notes.push(midi::Note {
-                start: i * 240,
-                duration: 240,
-                pitch: 50 + k + [0u8, 2, 4, 5, 7, 9, 11, 12][(i % 8) as usize],
-                velocity: 80,
-                program: 0,
-                channel: 0,
-                is_drum: false,
-            });
-        }
-        midi::write_file(&sc, &mdir.join(format!("s{k}.mid"))).unwrap();
-    }
-    let vocab = Vocab::new(Default::default()).unwrap();
-    let files = dataset::collect_midi_files(&[mdir]).unwrap();
-    let results = dataset::tokenize_files(&files, &vocab, &|| {});
-    let data = dir.join("data");
-    dataset::write_dataset(&data, &vocab, &files, results).unwrap();
-    data
+    common::scales_dataset(dir, "midi", 4, 50)
 }
 
 /// A model folder holding the shipped model's `config.json` changed by

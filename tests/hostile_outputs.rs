@@ -7,47 +7,22 @@
 //! model is loaded, so a command that got past its check fails in another
 //! way and the test says which.
 
+mod common;
+
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_cadenza"))
-}
-
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// Exit status and stderr of `cadenza ARGS`, killed (and failed) past
-/// `deadline_s`: a command that opened a FIFO would hang there.
+use common::bin;
+
+/// `common::run_cadenza`: a command that opened a FIFO would hang past the deadline.
 fn cadenza(args: &[&str], deadline_s: f64) -> (i32, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let err_p = dir.path().join("err");
-    let t0 = Instant::now();
-    let mut child = Command::new(bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err_p).unwrap())
-        .spawn()
-        .unwrap();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed().as_secs_f64() > deadline_s {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("cadenza {args:?} still ran after {deadline_s} s: killed");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.code().unwrap_or(-1),
-        std::fs::read_to_string(err_p).unwrap_or_default(),
-    )
+    common::run_cadenza(args, deadline_s)
 }
 
 fn sample_midi() -> Vec<u8> {

@@ -94,10 +94,18 @@ fn shipped_model_validation_loss_matches_its_card() {
     let windows = data::validation_windows(&split.val, tc.seq_len as usize + 1, tc.val_windows);
     let loss = train::validation_loss(&m.model, &windows, tc.batch as usize, tch::Device::Cpu);
     let card = card_val_loss();
-    println!("validation loss {loss:.4}, card {card:.4}");
+    // The same windows with the dense products in bf16 (native where the CPU has AMX or
+    // AVX512-BF16, the same numbers through f32 kernels elsewhere).
+    m.model.set_precision(cadenza::model::Precision::Bf16);
+    let bf16 = train::validation_loss(&m.model, &windows, tc.batch as usize, tch::Device::Cpu);
+    println!("validation loss {loss:.4} (bf16 products: {bf16:.4}), card {card:.4}");
     assert!(
         (loss - card).abs() < 0.05,
         "validation loss {loss} vs card {card}"
+    );
+    assert!(
+        (bf16 - loss).abs() < 0.01,
+        "validation loss in bf16 {bf16} against {loss} in f32"
     );
 }
 
