@@ -89,13 +89,22 @@ impl Plan {
     /// Refuses the plan when an output breaks one of the rules; `Ok` when
     /// every output may be written.
     pub fn check(&self) -> Result<()> {
-        for (flag, out, _) in &self.writes {
-            check_target(out).map_err(|e| anyhow::anyhow!("{flag} {e}"))?;
-        }
+        // What each output is, worked out once: the numbered outputs of a batch share
+        // their folder, whose resolution is kept (100,000 pieces are one folder).
+        let mut dirs = Dirs::default();
+        let outs: Vec<Target> = self
+            .writes
+            .iter()
+            .map(|(flag, out, owned)| {
+                let t = Target::of(flag, out, *owned, &mut dirs);
+                t.check_kind().map_err(|e| anyhow::anyhow!("{flag} {e}"))?;
+                Ok(t)
+            })
+            .collect::<Result<_>>()?;
         // Named inputs and outputs, keyed by resolved path and (device, inode).
         let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-        let mut by_path: HashMap<PathBuf, (bool, &str, &Path)> = HashMap::new();
-        let mut by_id: HashMap<(u64, u64), (bool, &str, &Path)> = HashMap::new();
+        let mut by_path: HashMap<PathBuf, (&str, &Path)> = HashMap::new();
+        let mut by_id: HashMap<(u64, u64), (&str, &Path)> = HashMap::new();
         let mut folders: Vec<(&str, &Path, PathBuf)> = Vec::new();
         for (flag, p) in &self.reads {
             if std::fs::metadata(p).is_ok_and(|m| m.is_dir()) {
@@ -103,104 +112,161 @@ impl Plan {
                 folders.push((flag, p, canon));
                 continue;
             }
-            by_path.insert(resolved_path(p), (true, flag, p));
+            by_path.insert(resolved_path(p), (flag, p));
             if let Some(k) = id(p) {
-                by_id.insert(k, (true, flag, p));
+                by_id.insert(k, (flag, p));
             }
         }
         // Inputs first (an output that is also another output's twin is
         // reported as the input it would destroy).
-        for (flag, out, _) in &self.writes {
-            let (r, k) = (resolved_path(out), id(out));
-            let hit = by_path
-                .get(&r)
-                .or_else(|| k.and_then(|k| by_id.get(&k)))
-                .copied();
-            if let Some((_, iflag, input)) = hit {
+        for t in &outs {
+            if let Some((iflag, input)) = t.find(&by_path, &by_id) {
                 bail!(
-                    "{flag} {} is the input {iflag} {}: refusing to overwrite an input; \
+                    "{} {} is the input {iflag} {}: refusing to overwrite an input; \
                      choose another output file",
-                    shown(out),
+                    t.flag,
+                    shown(t.path),
                     shown(input)
                 );
             }
         }
-        self.check_folders(&folders)?;
+        check_folders(&outs, &folders)?;
         by_path.clear();
         by_id.clear();
-        for (flag, out, _) in &self.writes {
-            let (r, k) = (resolved_path(out), id(out));
-            let hit = by_path
-                .get(&r)
-                .or_else(|| k.and_then(|k| by_id.get(&k)))
-                .copied();
-            if let Some((_, oflag, other)) = hit {
+        for t in &outs {
+            if let Some((oflag, other)) = t.find(&by_path, &by_id) {
                 bail!(
-                    "{flag} {} and {oflag} {} are the same file: each output needs its own path",
-                    shown(out),
+                    "{} {} and {oflag} {} are the same file: each output needs its own path",
+                    t.flag,
+                    shown(t.path),
                     shown(other)
                 );
             }
-            by_path.insert(r, (false, flag, out));
-            if let Some(k) = k {
-                by_id.insert(k, (false, flag, out));
+            by_path.insert(t.resolved.clone(), (t.flag, t.path));
+            if let Some(k) = t.id {
+                by_id.insert(k, (t.flag, t.path));
             }
         }
         Ok(())
+    }
+}
+
+/// Resolved folders, kept for the outputs that share them.
+#[derive(Default)]
+struct Dirs(HashMap<PathBuf, PathBuf>);
+
+impl Dirs {
+    /// `path`'s folder resolved (symbolic links followed), joined with its last name as
+    /// given: where a rename to `path` lands. None for a path without a file name.
+    fn place(&mut self, path: &Path) -> Option<PathBuf> {
+        let name = path.file_name()?;
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let canon = self
+            .0
+            .entry(dir.to_path_buf())
+            .or_insert_with(|| dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf()));
+        Some(canon.join(name))
+    }
+}
+
+/// One output of a [`Plan`] and what [`Plan::check`] needs to know of it.
+struct Target<'a> {
+    flag: &'a str,
+    path: &'a Path,
+    owned: bool,
+    /// Where its rename lands (None: no file name).
+    place: Option<PathBuf>,
+    /// What is there now, followed through symbolic links.
+    meta: Option<std::fs::Metadata>,
+    /// [`resolved_path`] of it.
+    resolved: PathBuf,
+    id: Option<(u64, u64)>,
+}
+
+impl<'a> Target<'a> {
+    fn of(flag: &'a str, path: &'a Path, owned: bool, dirs: &mut Dirs) -> Target<'a> {
+        let meta = std::fs::metadata(path).ok();
+        let place = dirs.place(path);
+        // an existing file resolves through its own links; a new one is its place
+        let resolved = match (&meta, &place) {
+            (None, Some(p)) => p.clone(),
+            _ => resolved_path(path),
+        };
+        let id = meta.as_ref().map(|m| (m.dev(), m.ino()));
+        Target {
+            flag,
+            path,
+            owned,
+            place,
+            meta,
+            resolved,
+            id,
+        }
     }
 
-    /// Rule 2 for the input folders: an existing output inside one (unless
-    /// owned), or the same file as one found under one.
-    fn check_folders(&self, folders: &[(&str, &Path, PathBuf)]) -> Result<()> {
-        let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-        // Existing outputs inside an input folder, or the same file as one
-        // found there.
-        let existing: Vec<&(String, PathBuf, bool)> = self
-            .writes
-            .iter()
-            .filter(|(_, p, _)| std::fs::metadata(p).is_ok())
-            .collect();
-        if existing.is_empty() || folders.is_empty() {
-            return Ok(());
-        }
-        for (flag, out, owned) in &existing {
-            if *owned {
-                continue;
-            }
-            let r = resolved_path(out);
-            if let Some((iflag, folder, _)) = folders.iter().find(|(_, _, c)| r.starts_with(c)) {
-                bail!(
-                    "{flag} {} is a file inside the input {iflag} {}, which this command \
-                     reads: refusing to overwrite an input; choose a path outside it",
-                    shown(out),
-                    shown(folder)
-                );
-            }
-        }
-        let mut inside: HashMap<(u64, u64), Vec<Found>> = HashMap::new();
-        for (flag, folder, _) in folders {
-            walk_ids(folder, &mut |k, found| {
-                inside.entry(k).or_default().push((flag, folder, found));
-            });
-        }
-        for (flag, out, _) in &existing {
-            let r = resolved_path(out);
-            // The output itself, found in the folder, is not another file.
-            let other = id(out)
-                .and_then(|k| inside.get(&k))
-                .and_then(|v| v.iter().find(|(_, _, f)| resolved_path(f) != r));
-            if let Some((iflag, folder, found)) = other {
-                bail!(
-                    "{flag} {} is the same file as {}, inside the input {iflag} {}: \
-                     refusing to overwrite an input; choose another output file",
-                    shown(out),
-                    shown(found),
-                    shown(folder)
-                );
-            }
-        }
-        Ok(())
+    /// Rule 1 ([`check_target`]) from what is already known.
+    fn check_kind(&self) -> Result<()> {
+        kind_rule(self.path, self.place.as_deref(), self.meta.as_ref())
     }
+
+    /// The entry of `by_path` or `by_id` that is this output.
+    fn find<'m>(
+        &self,
+        by_path: &HashMap<PathBuf, (&'m str, &'m Path)>,
+        by_id: &HashMap<(u64, u64), (&'m str, &'m Path)>,
+    ) -> Option<(&'m str, &'m Path)> {
+        by_path
+            .get(&self.resolved)
+            .or_else(|| self.id.and_then(|k| by_id.get(&k)))
+            .copied()
+    }
+}
+
+/// Rule 2 for folders: refuses an existing output inside an input folder, or the same
+/// file as one found under it.
+fn check_folders(outs: &[Target], folders: &[(&str, &Path, PathBuf)]) -> Result<()> {
+    let existing: Vec<&Target> = outs.iter().filter(|t| t.meta.is_some()).collect();
+    if existing.is_empty() || folders.is_empty() {
+        return Ok(());
+    }
+    for t in existing.iter().filter(|t| !t.owned) {
+        if let Some((iflag, folder, _)) = folders.iter().find(|(_, _, c)| t.resolved.starts_with(c))
+        {
+            bail!(
+                "{} {} is a file inside the input {iflag} {}, which this command \
+                 reads: refusing to overwrite an input; choose a path outside it",
+                t.flag,
+                shown(t.path),
+                shown(folder)
+            );
+        }
+    }
+    let mut inside: HashMap<(u64, u64), Vec<Found>> = HashMap::new();
+    for (flag, folder, _) in folders {
+        walk_ids(folder, &mut |k, found| {
+            inside.entry(k).or_default().push((flag, folder, found));
+        });
+    }
+    for t in &existing {
+        // The output itself, found in the folder, is not another file.
+        let other =
+            t.id.and_then(|k| inside.get(&k))
+                .and_then(|v| v.iter().find(|(_, _, f)| resolved_path(f) != t.resolved));
+        if let Some((iflag, folder, found)) = other {
+            bail!(
+                "{} {} is the same file as {}, inside the input {iflag} {}: \
+                 refusing to overwrite an input; choose another output file",
+                t.flag,
+                shown(t.path),
+                shown(found),
+                shown(folder)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Calls `f` with the (device, inode) of every file under `dir` (symbolic
@@ -244,34 +310,31 @@ fn kind(ft: &std::fs::FileType) -> &'static str {
 /// file. The error starts with the path. [`crate::util::write_via_temp`]
 /// calls it before it writes and again before it renames.
 pub fn check_target(path: &Path) -> Result<()> {
+    let place = Dirs::default().place(path);
+    let meta = std::fs::metadata(path).ok();
+    kind_rule(path, place.as_deref(), meta.as_ref())
+}
+
+/// [`check_target`] given where `path`'s rename lands (`place`, None when it has no
+/// file name) and what is there now (`meta`).
+fn kind_rule(path: &Path, place: Option<&Path>, meta: Option<&std::fs::Metadata>) -> Result<()> {
     if path.as_os_str() == "-" {
         bail!(
             "-: this command writes files, not standard output; name a file \
              (./- for a file called -)"
         );
     }
-    let name = path
-        .file_name()
-        .ok_or_else(|| anyhow::anyhow!("{} is not a file path", shown(path)))?;
-    // Where the rename lands: the folder resolved, the last name as given.
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let place = dir
-        .canonicalize()
-        .unwrap_or_else(|_| dir.to_path_buf())
-        .join(name);
+    let place = place.ok_or_else(|| anyhow::anyhow!("{} is not a file path", shown(path)))?;
     let in_system = SYSTEM_FOLDERS.iter().any(|s| place.starts_with(s))
         && !SYSTEM_EXCEPTIONS.iter().any(|s| place.starts_with(s));
     if in_system {
         bail!(
             "{} is in a system folder ({}): refusing to write there; choose a regular file",
             shown(path),
-            shown(&place)
+            shown(place)
         );
     }
-    if let Ok(m) = std::fs::metadata(path) {
+    if let Some(m) = meta {
         if !m.is_file() {
             bail!(
                 "{} is {}: an output must be a regular file or a new path; \
