@@ -21,6 +21,19 @@ pub struct Note {
 }
 
 impl Note {
+    /// A melodic note on channel 0.
+    pub fn melodic(start: u64, duration: u64, pitch: u8, velocity: u8, program: u8) -> Note {
+        Note {
+            start,
+            duration,
+            pitch,
+            velocity,
+            program,
+            channel: 0,
+            is_drum: false,
+        }
+    }
+
     pub fn end(&self) -> u64 {
         self.start + self.duration
     }

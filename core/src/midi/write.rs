@@ -427,15 +427,7 @@ mod tests {
     use crate::midi::parse;
 
     fn note(start: u64, duration: u64, pitch: u8, velocity: u8, program: u8) -> Note {
-        Note {
-            start,
-            duration,
-            pitch,
-            velocity,
-            program,
-            channel: 0,
-            is_drum: false,
-        }
+        Note::melodic(start, duration, pitch, velocity, program)
     }
 
     fn drum(start: u64, duration: u64, pitch: u8) -> Note {

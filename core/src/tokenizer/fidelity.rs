@@ -318,15 +318,7 @@ mod tests {
     use crate::tokenizer::RemiConfig;
 
     fn note(start: u64, duration: u64, pitch: u8, velocity: u8, program: u8) -> Note {
-        Note {
-            start,
-            duration,
-            pitch,
-            velocity,
-            program,
-            channel: 0,
-            is_drum: false,
-        }
+        Note::melodic(start, duration, pitch, velocity, program)
     }
 
     #[test]
