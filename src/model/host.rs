@@ -16,8 +16,6 @@
 //! `layer_norm`, `gelu("none")`) up to the order of f32 sums; the tests check each one
 //! against libtorch.
 
-use std::sync::OnceLock;
-
 use crate::model::precision::{bf16_bits, bf16_to_f32, CpuBf16};
 
 /// The widest vector instructions this CPU has, of those the kernels are compiled for
@@ -317,8 +315,7 @@ pub(crate) struct HostLinear {
 /// several rows); without AMX it is far slower than the host kernel (on an AVX2 CPU,
 /// libtorch 2.13 multiplies bf16 at about 1/70 of its f32 speed).
 fn libtorch_bf16_is_fast() -> bool {
-    static AMX: OnceLock<bool> = OnceLock::new();
-    *AMX.get_or_init(|| CpuBf16::detect().amx_bf16)
+    CpuBf16::detect().amx_bf16
 }
 
 impl HostLinear {

@@ -124,35 +124,22 @@ pub struct CpuBf16 {
 }
 
 impl CpuBf16 {
-    /// Reads CPUID and XCR0 (cheap: a few instructions).
+    /// Those of this CPU: CPUID and XCR0, read once per process.
     pub fn detect() -> CpuBf16 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            CpuBf16 {
-                amx_bf16: amx_bf16(),
-                avx512_bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
+        static CPU: std::sync::OnceLock<CpuBf16> = std::sync::OnceLock::new();
+        *CPU.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                CpuBf16 {
+                    amx_bf16: amx_bf16(),
+                    avx512_bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
+                }
             }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            CpuBf16::default()
-        }
-    }
-
-    /// The instructions found, in words ("none" when neither).
-    pub fn describe(self) -> String {
-        let mut found = Vec::new();
-        if self.amx_bf16 {
-            found.push("AMX-BF16");
-        }
-        if self.avx512_bf16 {
-            found.push("AVX512-BF16");
-        }
-        if found.is_empty() {
-            "none".to_owned()
-        } else {
-            found.join(", ")
-        }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                CpuBf16::default()
+            }
+        })
     }
 }
 
@@ -222,14 +209,8 @@ pub fn dense_weight(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
 /// Whether libtorch multiplies bf16 natively and fast on `device`: CUDA, or a CPU with
 /// AMX-BF16 or AVX512-BF16 (elsewhere its bf16 products are far slower than f32).
 pub fn native_bf16(device: Device) -> bool {
-    static CPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match device {
-        Device::Cpu => *CPU.get_or_init(|| {
-            let c = CpuBf16::detect();
-            c.amx_bf16 || c.avx512_bf16
-        }),
-        _ => true,
-    }
+    let cpu = CpuBf16::detect();
+    device != Device::Cpu || cpu.amx_bf16 || cpu.avx512_bf16
 }
 
 /// The bf16 product of [`dense`]: `native`, libtorch's bf16 matrix product (f32
