@@ -25,12 +25,16 @@ use std::cell::OnceCell;
 
 use tch::{nn, Kind, Tensor};
 
+use crate::model::clock::ClockState;
+use crate::model::config::MusicalRope;
 use crate::model::config::{AttentionKind, LocalPosition, ModelConfig, PositionalEncoding};
 use crate::model::favor::FavorFeatures;
 use crate::model::favor_heads::FavorHeads;
 use crate::model::local::{host_step_ok, window_attention, KvRing, LocalHeads, UNBOUNDED};
 use crate::model::precision::dense;
-use crate::model::rope::{apply_rope, rope_tables};
+use crate::model::rope::{
+    apply_rope, apply_rope_libtorch, musical_rope_tables, rope_tables, turn_of,
+};
 use crate::model::spe::{sine_filter, spe_filter_with, GateFactors, SineFactors};
 use crate::model::{as_kind, host_f32, linear, residual_std};
 
@@ -124,6 +128,9 @@ pub struct Positions {
     /// Whether a generation step may run RoPE local heads on the host
     /// ([`LocalHeads::host_step`]: CPU f32, where the ring allows it).
     pub ring_on_host: bool,
+    /// With musical RoPE: its settings and the coordinates of the call's tokens, one row
+    /// per sequence ([`crate::model::clock`]).
+    pub musical: Option<(MusicalRope, Vec<Vec<ClockState>>)>,
 }
 
 impl Positions {
@@ -133,6 +140,28 @@ impl Positions {
             offset,
             rope: OnceCell::new(),
             ring_on_host,
+            musical: None,
+        }
+    }
+
+    /// The RoPE tables of the call's `l` positions for heads of width `hd`: (L, hd) on the
+    /// token index, (B, 1, L, hd) with musical coordinates.
+    fn rope_tables(&self, l: i64, hd: i64, dev: tch::Device) -> &(Tensor, Tensor) {
+        self.rope.get_or_init(|| match &self.musical {
+            Some((m, coords)) => musical_rope_tables(coords, self.offset, hd, m, dev),
+            None => rope_tables(self.offset, l, hd, dev),
+        })
+    }
+
+    /// The pair turns of a one-token call, one list per sequence (one shared list on the
+    /// token index).
+    pub(crate) fn turns(&self, hd: i64) -> Vec<Vec<(f32, f32)>> {
+        match &self.musical {
+            Some((m, coords)) => coords
+                .iter()
+                .map(|row| turn_of(Some(m), hd, self.offset, row[0]))
+                .collect(),
+            None => vec![turn_of(None, hd, self.offset, ClockState::default())],
         }
     }
 }
@@ -346,7 +375,7 @@ impl Attention {
             if on_host {
                 let rows = rows.as_deref().expect("on_host: rows taken above");
                 let ring = ring.expect("on_host: checked above");
-                return lh.host_step(rows, b, d, hd, pos.offset, ring);
+                return lh.host_step(rows, b, d, hd, &pos.turns(hd), ring);
             }
             let (lq, lk) = heads.local_qk.as_ref().expect("local queries and keys");
             let lv = heads.local_v.as_ref().expect("hl > 0");
@@ -393,13 +422,17 @@ impl Attention {
             // (h0 = hl: the RoPE heads are the local ones)
             let ((lq, q), (lk, k)) = (split_heads(&q, 2, h0), split_heads(&k, 2, h0));
             let qk = (!on_host).then(|| {
-                let t = pos
-                    .rope
-                    .get_or_init(|| rope_tables(pos.offset, l, hd, qkv.device()));
+                let t = pos.rope_tables(l, hd, qkv.device());
                 let (lq, lk) = (lq.expect("h0 > 0"), lk.expect("h0 > 0"));
+                // (per-sequence musical tables go through libtorch's broadcast)
+                let turn = if pos.musical.is_some() {
+                    apply_rope_libtorch
+                } else {
+                    apply_rope
+                };
                 (
-                    apply_rope(&lq.permute([0, 2, 1, 3]), t), // (B, hl, L, hd)
-                    apply_rope(&lk.permute([0, 2, 1, 3]), t), // (B, hl, L, hd)
+                    turn(&lq.permute([0, 2, 1, 3]), t), // (B, hl, L, hd)
+                    turn(&lk.permute([0, 2, 1, 3]), t), // (B, hl, L, hd)
                 )
             });
             (q, k, qk)

@@ -334,6 +334,96 @@ pub struct ModelConfig {
     /// (`shared`, configs written before the field) or RoPE on their own (`rope`).
     #[serde(default)]
     pub local_position: LocalPosition,
+    /// RoPE of the local heads partly in musical time ([`MusicalRope`]): some of their
+    /// rotary pairs turn by the bar index and the position in the bar instead of the token
+    /// index. None (the configs written before it): every pair on the token index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub musical_rope: Option<MusicalRope>,
+}
+
+/// Musical time in the RoPE of the local heads (`local_position = "rope"`): of the
+/// `head_dim / 2` rotary pairs, the first ones keep their token-index angles, the next
+/// `bar_pairs` turn by the bar index and the last `position_pairs` by the position in the
+/// bar (steps of the tokenizer's grid). A query and a key then meet with a rotation that
+/// depends on (token lag, bar lag, position lag) only, so "the same place 8 bars back" is
+/// one lag whatever the note density (docs/model.md, "Musical positions").
+///
+/// The clock reads the tokens themselves ([`crate::model::clock`]): `Bar` (and `BOS`)
+/// move to the next bar at position 0, `Position_p` sets the position; every other token
+/// stays where the last one was. `position_first` and `positions` say which ids are
+/// `Position` tokens: training fills them from its vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MusicalRope {
+    /// Rotary pairs turned by the bar index.
+    #[serde(deserialize_with = "int")]
+    pub bar_pairs: i64,
+    /// Rotary pairs turned by the position in the bar.
+    #[serde(deserialize_with = "int")]
+    pub position_pairs: i64,
+    /// Id of `Position_0` in the vocabulary (filled by training when 0).
+    #[serde(default, deserialize_with = "int")]
+    pub position_first: i64,
+    /// Number of `Position` ids (filled by training when 0).
+    #[serde(default, deserialize_with = "int")]
+    pub positions: i64,
+}
+
+impl MusicalRope {
+    /// Highest angle per bar (pair `bar_pairs - 1` has the lowest, 1/32 of it).
+    pub const BAR_TOP: f64 = std::f64::consts::FRAC_PI_2;
+    /// Ratio of the lowest to the highest angle per bar.
+    pub const BAR_SPAN: f64 = 1.0 / 32.0;
+    /// Highest angle per grid step of the position in the bar.
+    pub const POSITION_TOP: f64 = std::f64::consts::FRAC_PI_2;
+    /// Ratio of the lowest to the highest angle per position step.
+    pub const POSITION_SPAN: f64 = 1.0 / 64.0;
+
+    /// Pairs left on the token index for a head of `head_dim` dimensions.
+    pub fn token_pairs(&self, head_dim: i64) -> i64 {
+        head_dim / 2 - self.bar_pairs - self.position_pairs
+    }
+
+    /// The angle per unit of each pair of a head of `head_dim` dimensions, with its axis:
+    /// the token pairs keep the plain RoPE frequencies of their index, the bar and
+    /// position pairs run geometrically from their top angle down by their span.
+    pub fn frequencies(&self, head_dim: i64) -> Vec<(Axis, f64)> {
+        let plain = crate::model::rope::rope_frequencies(head_dim);
+        let t = self.token_pairs(head_dim).max(0) as usize;
+        let geometric = |n: i64, top: f64, span: f64, k: i64| {
+            if n <= 1 {
+                top
+            } else {
+                top * span.powf(k as f64 / (n - 1) as f64)
+            }
+        };
+        let mut out: Vec<(Axis, f64)> = plain[..t].iter().map(|&w| (Axis::Token, w)).collect();
+        out.extend((0..self.bar_pairs).map(|k| {
+            let w = geometric(self.bar_pairs, Self::BAR_TOP, Self::BAR_SPAN, k);
+            (Axis::Bar, w)
+        }));
+        out.extend((0..self.position_pairs).map(|k| {
+            let w = geometric(
+                self.position_pairs,
+                Self::POSITION_TOP,
+                Self::POSITION_SPAN,
+                k,
+            );
+            (Axis::Position, w)
+        }));
+        out
+    }
+}
+
+/// The coordinate a rotary pair turns by (see [`MusicalRope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Axis {
+    /// The token index.
+    Token,
+    /// The bar index.
+    Bar,
+    /// The position in the bar.
+    Position,
 }
 
 fn legacy_scaled_embeddings() -> bool {
@@ -396,6 +486,7 @@ impl ModelConfig {
             local_heads: 0,
             local_window: 0,
             local_position: LocalPosition::Shared,
+            musical_rope: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -544,6 +635,30 @@ impl ModelConfig {
         }
         if self.local_heads == 0 && self.local_position != LocalPosition::Shared {
             bail!("model config: local_position applies to local heads, and local_heads is 0");
+        }
+        if let Some(m) = &self.musical_rope {
+            if self.local_heads == 0 || self.local_position != LocalPosition::Rope {
+                bail!("model config: musical_rope turns the RoPE of local heads; it needs local_heads > 0 and local_position = \"rope\"");
+            }
+            if m.bar_pairs < 0 || m.position_pairs < 0 || m.token_pairs(self.head_dim()) < 1 {
+                bail!(
+                    "model config: musical_rope.bar_pairs ({}) and position_pairs ({}) must be >= 0 and leave at least one of the head's {} rotary pairs on the token index",
+                    m.bar_pairs,
+                    m.position_pairs,
+                    self.head_dim() / 2
+                );
+            }
+            if m.positions < 1
+                || m.position_first < 0
+                || m.position_first + m.positions > self.vocab_size
+            {
+                bail!(
+                    "model config: musical_rope's Position ids {}..{} must be a non-empty range inside the vocabulary of {}",
+                    m.position_first,
+                    m.position_first + m.positions,
+                    self.vocab_size
+                );
+            }
         }
         Ok(())
     }

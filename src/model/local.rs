@@ -14,7 +14,6 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::model::rope::rope_frequencies;
 use crate::model::{as_kind, cpu_f32, host};
 
 /// The local heads of a layer: the first `heads` heads, each attending over the last
@@ -64,7 +63,7 @@ impl LocalHeads {
         batch: i64,
         d_model: i64,
         head_dim: i64,
-        position: i64,
+        turns: &[Vec<(f32, f32)>],
         ring: &mut KvRing,
     ) -> Tensor {
         let out = host_ring_step(
@@ -73,7 +72,7 @@ impl LocalHeads {
             self.heads as usize,
             d_model as usize,
             head_dim as usize,
-            position,
+            turns,
             ring,
         );
         Tensor::from_slice(&out).view([batch, self.heads, 1, head_dim])
@@ -380,7 +379,7 @@ pub(crate) fn host_ring_step(
     hl: usize,
     d_model: usize,
     dim: usize,
-    position: i64,
+    turns: &[Vec<(f32, f32)>],
     ring: &mut KvRing,
 ) -> Vec<f32> {
     assert!(
@@ -396,15 +395,11 @@ pub(crate) fn host_ring_step(
     let held = ring.len as usize;
     let cap = ring.capacity() as usize;
     let half = dim / 2;
-    // (cos, sin) of this position's angles, as rope_tables forms them
-    let turn: Vec<(f32, f32)> = rope_frequencies(dim as i64)
-        .iter()
-        .map(|w| {
-            let a = position as f64 * w;
-            (a.cos() as f32, a.sin() as f32)
-        })
-        .collect();
-    let rotate = |x: &[f32], out: &mut [f32]| {
+    assert!(
+        turns.len() == 1 || turns.len() == batch,
+        "host_ring_step: one list of turns, or one per sequence"
+    );
+    let rotate = |turn: &[(f32, f32)], x: &[f32], out: &mut [f32]| {
         for (j, &(c, s)) in turn.iter().enumerate() {
             let (x1, x2) = (x[j], x[j + half]);
             out[j] = x1 * c - x2 * s;
@@ -425,11 +420,16 @@ pub(crate) fn host_ring_step(
     let (mut q, mut scores) = (vec![0f32; dim], vec![0f32; held]);
     for b in 0..batch {
         let row = &qkv[b * 3 * d_model..(b + 1) * 3 * d_model];
+        let turn = &turns[if turns.len() == 1 { 0 } else { b }];
         for h in 0..hl {
             let at = |part: usize| &row[part * d_model + h * dim..part * d_model + (h + 1) * dim];
             let base = (b * hl + h) * cap * dim;
-            rotate(at(0), &mut q);
-            rotate(at(1), &mut kb[base + slot * dim..base + (slot + 1) * dim]);
+            rotate(turn, at(0), &mut q);
+            rotate(
+                turn,
+                at(1),
+                &mut kb[base + slot * dim..base + (slot + 1) * dim],
+            );
             vb[base + slot * dim..base + (slot + 1) * dim].copy_from_slice(at(2));
             let keys = &kb[base..base + held * dim];
             for (sc, key) in scores.iter_mut().zip(keys.chunks_exact(dim)) {

@@ -10,6 +10,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod clock;
 pub mod config;
 pub mod embed;
 pub mod favor;
@@ -29,7 +30,9 @@ pub mod transformer;
 #[cfg(test)]
 mod tests;
 
-pub use config::{AttentionKind, FreqInit, LocalPosition, ModelConfig, PositionalEncoding};
+pub use config::{
+    AttentionKind, FreqInit, LocalPosition, ModelConfig, MusicalRope, PositionalEncoding,
+};
 pub use precision::Precision;
 pub use transformer::{RecurrentState, Transformer};
 

@@ -7,7 +7,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::model::config::ROPE_BASE;
+use crate::model::clock::{self, ClockState};
+use crate::model::config::{MusicalRope, ROPE_BASE};
 use crate::model::ffi::unit_last_stride;
 use crate::model::{as_kind, cpu_f32};
 
@@ -73,4 +74,59 @@ pub(crate) fn apply_rope_libtorch(x: &Tensor, (cos, sin): &(Tensor, Tensor)) -> 
     let half = x.size()[3] / 2;
     let x = as_kind(x, Kind::Float);
     &x * cos + x.roll([half], [3]) * sin
+}
+
+/// The RoPE tables of a call whose tokens stand at musical coordinates `coords` (one row
+/// per sequence, token `start + i` at `coords[b][i]`; see [`crate::model::clock`]): each
+/// pair turned by its axis's coordinate ([`MusicalRope::frequencies`]). Returns
+/// `[cos, cos]` and `[-sin, sin]`, each (B, 1, L, dim) f32, for [`apply_rope_libtorch`].
+pub(crate) fn musical_rope_tables(
+    coords: &[Vec<ClockState>],
+    start: i64,
+    dim: i64,
+    m: &MusicalRope,
+    dev: Device,
+) -> (Tensor, Tensor) {
+    let freqs = m.frequencies(dim);
+    let (b, l) = (
+        coords.len() as i64,
+        coords.first().map_or(0, Vec::len) as i64,
+    );
+    let ang: Vec<f64> = coords
+        .iter()
+        .flat_map(|row| {
+            let freqs = &freqs;
+            row.iter()
+                .enumerate()
+                .flat_map(move |(i, &at)| clock::angles(freqs, start + i as i64, at))
+        })
+        .collect();
+    let ang = Tensor::from_slice(&ang)
+        .view([b, 1, l, dim / 2])
+        .to_device(dev);
+    let (cos, sin) = (ang.cos(), ang.sin());
+    (
+        Tensor::cat(&[&cos, &cos], 3).to_kind(Kind::Float),
+        Tensor::cat(&[-&sin, sin], 3).to_kind(Kind::Float),
+    )
+}
+
+/// (cos, sin) of every pair's angle for one token, in f32 from f64 angles, as
+/// [`rope_tables`] or [`musical_rope_tables`] form them: the turn of a generation step.
+pub(crate) fn turn_of(
+    musical: Option<&MusicalRope>,
+    dim: i64,
+    token: i64,
+    at: ClockState,
+) -> Vec<(f32, f32)> {
+    let cs = |a: f64| (a.cos() as f32, a.sin() as f32);
+    match musical {
+        Some(m) => clock::angles(&m.frequencies(dim), token, at)
+            .map(cs)
+            .collect(),
+        None => rope_frequencies(dim)
+            .iter()
+            .map(|w| cs(token as f64 * w))
+            .collect(),
+    }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tch::Tensor;
 
 use crate::model::attention::LayerState;
+use crate::model::clock::ClockState;
 use crate::model::favor_heads::HostFavor;
 use crate::model::host::{HostLinear, HostNorm};
 use crate::model::spe::{GateFactors, SineFactors};
@@ -32,6 +33,9 @@ pub struct RecurrentState {
     pub seed: u64,
     /// Sequences in the batch.
     pub batch: i64,
+    /// With musical RoPE, per sequence: the clock after the tokens so far (empty
+    /// otherwise; [`crate::model::clock`]).
+    pub clock: Vec<ClockState>,
     /// What every step needs and no step changes, computed from the weights
     /// by [`crate::model::Transformer::begin_at`]: a state belongs to the weights it was
     /// begun with.
@@ -105,6 +109,7 @@ impl RecurrentState {
             rings: self.rings.iter().map(|t| t.copy()).collect(),
             seed: self.seed,
             batch: self.batch,
+            clock: self.clock.clone(),
             cache: self.cache.share(),
         }
     }
@@ -112,12 +117,22 @@ impl RecurrentState {
     /// Keeps (or repeats) the batch rows in `indices` (int64 1-D tensor on any device).
     pub fn select(&self, indices: &Tensor) -> RecurrentState {
         let rows = |t: &Tensor| t.index_select(0, &indices.to_device(t.device()));
+        let clock = if self.clock.is_empty() {
+            Vec::new()
+        } else {
+            Vec::<i64>::try_from(&indices.to_device(tch::Device::Cpu).view([-1]))
+                .expect("int64 row indices")
+                .iter()
+                .map(|&i| self.clock[i as usize])
+                .collect()
+        };
         RecurrentState {
             position: self.position,
             layers: self.layers.iter().map(|l| l.map(rows)).collect(),
             rings: self.rings.iter().map(|t| t.copy()).collect(),
             seed: self.seed,
             batch: indices.size()[0],
+            clock,
             cache: self.cache.share(),
         }
     }

@@ -110,7 +110,31 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_window = 1;
     c.local_position = LocalPosition::Rope;
     out.push(("ape 2 rope local heads window 1", c));
+    // musical RoPE: the host step (SineSPE) and the libtorch step (ConvSPE)
+    let mut c = with("spe-sine");
+    c.local_heads = 2;
+    c.local_window = 6;
+    c.local_position = LocalPosition::Rope;
+    c.musical_rope = Some(musical(2, 2));
+    out.push(("spe-sine 2 musical rope local heads window 6", c));
+    let mut c = with("spe-conv");
+    c.local_heads = 1;
+    c.local_window = 9;
+    c.local_position = LocalPosition::Rope;
+    c.musical_rope = Some(musical(1, 3));
+    out.push(("spe-conv 1 musical rope local head window 9", c));
     out
+}
+
+/// Musical RoPE over ids 4..24 as the Position tokens (the test tokens hit them, and
+/// BOS and Bar, often).
+fn musical(bar_pairs: i64, position_pairs: i64) -> crate::model::MusicalRope {
+    crate::model::MusicalRope {
+        bar_pairs,
+        position_pairs,
+        position_first: 4,
+        positions: 20,
+    }
 }
 
 /// The variant of that name.
@@ -517,7 +541,12 @@ fn host_ring_step_is_rope_then_ring_attention() {
             hl as usize,
             d as usize,
             dim as usize,
-            pos,
+            &[crate::model::rope::turn_of(
+                None,
+                dim,
+                pos,
+                crate::model::clock::ClockState::default(),
+            )],
             &mut fast,
         );
         assert_eq!(got.len() as i64, b * hl * dim);
@@ -1080,4 +1109,60 @@ fn bf16_products_stay_close_to_f32_and_keep_the_recurrence() {
             "{name}: back to f32"
         );
     }
+}
+
+#[test]
+fn musical_rope_without_musical_pairs_is_plain_rope() {
+    // every pair on the token index: the per-sequence tables through libtorch give the
+    // fused kernel's logits
+    let mut plain = variant("spe-sine 2 rope local heads window 6");
+    let (vs_plain, mut a) = build(&plain, 11);
+    plain.musical_rope = Some(musical(0, 0));
+    let (mut vs_m, mut b) = build(&plain, 11);
+    vs_m.copy(&vs_plain).unwrap();
+    a.freeze(5);
+    b.freeze(5);
+    let toks = tokens(2, 40, 4);
+    for offset in [0, 777] {
+        let (la, lb) = (
+            a.forward_t(&toks, offset, false),
+            b.forward_t(&toks, offset, false),
+        );
+        assert!(rel(&lb, &la) < 1e-6, "offset {offset}: {}", rel(&lb, &la));
+    }
+}
+
+#[test]
+fn musical_rope_reads_each_sequence_clock() {
+    let cfg = variant("spe-sine 2 musical rope local heads window 6");
+    let (_vs, mut m) = build(&cfg, 12);
+    m.freeze(6);
+    let toks = tokens(3, 36, 5);
+    let all = m.forward_t(&toks, 0, false);
+    for r in 0..3 {
+        let one = m.forward_t(&toks.narrow(0, r, 1), 0, false);
+        assert!(rel(&one, &all.narrow(0, r, 1)) < 1e-5, "row {r}");
+    }
+    // moving one Position token (id 4 + p) of the past moves later logits, though the
+    // token lags stay the same: the heads see the clock
+    let at = (0..36)
+        .find(|&i| (4..24).contains(&toks.int64_value(&[0, i])) && i > 2 && i < 20)
+        .expect("a Position token early in row 0");
+    let moved = toks.narrow(0, 0, 1).copy();
+    let id = moved.int64_value(&[0, at]);
+    let _ = moved.get(0).get(at).fill_(4 + (id - 4 + 7) % 20);
+    let (before, after) = (
+        m.forward_t(&toks.narrow(0, 0, 1), 0, false),
+        m.forward_t(&moved, 0, false),
+    );
+    assert!(
+        rel(
+            &before.narrow(1, at + 1, 36 - at - 1),
+            &after.narrow(1, at + 1, 36 - at - 1)
+        ) > 1e-4
+    );
+    assert!(
+        rel(&before.narrow(1, 0, at), &after.narrow(1, 0, at)) < 1e-6,
+        "causal"
+    );
 }

@@ -46,6 +46,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use crate::model::attention::{spe_first_head, spe_gate, LayerNoise, Positions, WindowCode};
 use crate::model::block::{dropout, Block};
+use crate::model::clock::{self, ClockState};
 use crate::model::config::{AttentionKind, LocalPosition, ModelConfig, PositionalEncoding};
 use crate::model::embed::Embeddings;
 use crate::model::favor::FavorFeatures;
@@ -55,6 +56,7 @@ use crate::model::host::{self, HostLinear, HostNorm};
 use crate::model::local::{host_ring_step, host_step_ok};
 use crate::model::noise;
 use crate::model::precision::{self, Precision, Resolved};
+use crate::model::rope::turn_of;
 use crate::model::spe::{
     draw_xi, frozen_xi, sine_filter_applies, ConvSpe, GateFactors, SineFactors, SineSpe, SpeCode,
 };
@@ -298,9 +300,34 @@ impl Transformer {
             return self.no_logits(tokens);
         };
         self.toss_redraw();
+        let clock = self.clock_coordinates(tokens, None);
         precision::scope(self.precision, || {
-            self.layers(x, &codes, offset, Mode::Train, None)
+            self.layers(x, &codes, offset, clock, Mode::Train, None)
         })
+    }
+
+    /// With musical RoPE, the clock coordinates of (B, L) `tokens`, one row per sequence,
+    /// from the state's clocks (which they advance) or from a fresh clock.
+    fn clock_coordinates(
+        &self,
+        tokens: &Tensor,
+        state: Option<&mut RecurrentState>,
+    ) -> Option<Vec<Vec<ClockState>>> {
+        let m = self.cfg.musical_rope.as_ref()?;
+        let (b, l) = tokens.size2().expect("tokens must be (B, L)");
+        let ids = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu).contiguous().view([-1]))
+            .expect("int64 token ids");
+        let mut fresh = vec![ClockState::default(); b as usize];
+        let clocks = match state {
+            Some(s) => &mut s.clock,
+            None => &mut fresh,
+        };
+        Some(
+            ids.chunks(l.max(1) as usize)
+                .zip(clocks.iter_mut())
+                .map(|(row, c)| clock::coordinates(row, c, m))
+                .collect(),
+        )
     }
 
     /// One coin per training call: on heads every layer's training projection is redrawn
@@ -347,6 +374,11 @@ impl Transformer {
             rings,
             seed: self.frozen.seed,
             batch,
+            clock: if self.cfg.musical_rope.is_some() {
+                vec![ClockState::default(); batch.max(0) as usize]
+            } else {
+                Vec::new()
+            },
             cache: tch::no_grad(|| self.step_cache()),
         }
     }
@@ -573,6 +605,16 @@ impl Transformer {
             .iter()
             .map(|c| (c.code_at(offset, true), c.code_at(offset, false)))
             .collect();
+        // the local heads' RoPE turns of this position: one list, or one per sequence
+        let turns: Vec<Vec<(f32, f32)>> = match &cfg.musical_rope {
+            Some(m) => ids
+                .iter()
+                .zip(state.clock.iter_mut())
+                .map(|(&t, c)| turn_of(Some(m), hd as i64, offset, c.advance(t, m)))
+                .collect(),
+            None if hl > 0 => vec![turn_of(None, hd as i64, offset, ClockState::default())],
+            None => Vec::new(),
+        };
         let add = |x: &mut [f32], y: &[f32]| x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
         for (i, layer) in hs.layers.iter().enumerate() {
             let qkv = layer.qkv.apply(&layer.norm1.apply(&x), b);
@@ -583,7 +625,7 @@ impl Transformer {
                     .window
                     .as_mut()
                     .expect("a state begun by this model has a window per layer");
-                let local = host_ring_step(&qkv, b, hl, d, hd, offset, ring);
+                let local = host_ring_step(&qkv, b, hl, d, hd, &turns, ring);
                 for (a, l) in att.chunks_exact_mut(d).zip(local.chunks_exact(hl * hd)) {
                     a[..hl * hd].copy_from_slice(l);
                 }
@@ -749,8 +791,9 @@ impl Transformer {
         let Some((x, codes)) = self.enter(tokens, offset, mode, &mut state) else {
             return self.no_logits(tokens);
         };
+        let clock = self.clock_coordinates(tokens, state.as_deref_mut());
         precision::scope(self.precision, || {
-            self.layers(x, &codes, offset, mode, state)
+            self.layers(x, &codes, offset, clock, mode, state)
         })
     }
 
@@ -780,6 +823,7 @@ impl Transformer {
         mut x: Tensor,
         codes: &[WindowCode],
         offset: i64,
+        clock: Option<Vec<Vec<ClockState>>>,
         mode: Mode,
         mut state: Option<&mut RecurrentState>,
     ) -> Tensor {
@@ -791,7 +835,8 @@ impl Transformer {
             && mode == Mode::Step
             && self.device == Device::Cpu
             && self.param_kind() == Kind::Float;
-        let pos = Positions::new(offset, ring_on_host);
+        let mut pos = Positions::new(offset, ring_on_host);
+        pos.musical = self.cfg.musical_rope.zip(clock);
         let features = match mode {
             Mode::Train => &self.train_features,
             Mode::Eval | Mode::Step => &self.frozen.features,

@@ -91,6 +91,10 @@ pub struct TrainConfig {
     /// `f32` or `bf16` and resumes with it; runs saved before this field trained in f32.
     #[serde(default = "crate::model::precision::f32_before_it_was_recorded")]
     pub precision: Precision,
+    /// Share of training windows that begin at a piece's start (its BOS) rather than at
+    /// a bar line drawn uniformly over the piece, so that the model sees whole forms from
+    /// their first bar often (0: the uniform draw alone, as runs saved before it).
+    pub piece_starts: f64,
 }
 
 impl Default for TrainConfig {
@@ -115,6 +119,7 @@ impl Default for TrainConfig {
             seed: 0,
             threads: 0,
             precision: Precision::Auto,
+            piece_starts: 0.0,
         }
     }
 }
@@ -188,6 +193,7 @@ impl TrainConfig {
             self.batch,
             self.seq_len
         );
+        number("piece_starts", self.piece_starts, 0.0, 1.0, false)?;
         // no upper bound but finiteness: a huge rate is a divergence that
         // training reports at its first step, naming --lr
         ensure!(

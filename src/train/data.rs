@@ -104,6 +104,8 @@ pub struct Batcher<'a> {
     vocab: &'a Vocab,
     seed: u64,
     transpose: i64,
+    /// Share of windows that begin at a piece's BOS ([`Batcher::with_piece_starts`]).
+    piece_starts: f64,
 }
 
 impl<'a> Batcher<'a> {
@@ -122,7 +124,16 @@ impl<'a> Batcher<'a> {
             vocab,
             seed,
             transpose,
+            piece_starts: 0.0,
         }
+    }
+
+    /// The batcher whose windows begin at a piece's start (its BOS) with probability
+    /// `share`, at a bar line drawn uniformly otherwise. With 0 no coin is tossed, so
+    /// the batches are those of a batcher without it.
+    pub fn with_piece_starts(mut self, share: f64) -> Self {
+        self.piece_starts = share;
+        self
     }
 
     fn pick(&self, rng: &mut ChaCha8Rng) -> &'a PieceTokens {
@@ -137,7 +148,12 @@ impl<'a> Batcher<'a> {
     pub fn window(&self, rng: &mut ChaCha8Rng, len: usize) -> Vec<u32> {
         let mut out = Vec::with_capacity(len);
         let first = self.pick(rng);
-        let start = first.starts[rng.gen_range(0..first.starts.len())];
+        let at_start = self.piece_starts > 0.0 && rng.gen::<f64>() < self.piece_starts;
+        let start = if at_start {
+            0
+        } else {
+            first.starts[rng.gen_range(0..first.starts.len())]
+        };
         out.extend_from_slice(&first.ids[start..first.ids.len().min(start + len)]);
         while out.len() < len {
             let p = self.pick(rng);
@@ -240,6 +256,39 @@ mod tests {
         for row in batch.chunks(33) {
             assert!(row[0] == 1 || row[0] == BAR_ID as i64, "{row:?}");
         }
+    }
+
+    #[test]
+    fn piece_starts_share_begins_windows_at_bos() {
+        let v = Vocab::new(RemiConfig::default()).unwrap();
+        let pieces: Vec<PieceTokens> = (0..4)
+            .map(|i| {
+                let mut ids = vec![1u32];
+                for _ in 0..200 {
+                    ids.extend([BAR_ID, v.id(Token::Position(0)).unwrap()]);
+                }
+                ids.push(2);
+                PieceTokens::new(format!("p{i}"), ids)
+            })
+            .collect();
+        let count = |share: f64| {
+            let b = Batcher::new(&pieces, &v, 3, 0).with_piece_starts(share);
+            (0..50)
+                .flat_map(|s| b.batch(s, 8, 17))
+                .collect::<Vec<_>>()
+                .chunks(17)
+                .filter(|w| w[0] == 1)
+                .count()
+        };
+        // 400 windows; about 1 in 201 bar lines is the BOS without the share
+        let (none, half, all) = (count(0.0), count(0.5), count(1.0));
+        assert!(none < 15, "{none}");
+        assert!((150..250).contains(&half), "{half}");
+        assert_eq!(all, 400);
+        // share 0 leaves the batches as they were
+        let plain = Batcher::new(&pieces, &v, 3, 0);
+        let zero = Batcher::new(&pieces, &v, 3, 0).with_piece_starts(0.0);
+        assert_eq!(plain.batch(9, 4, 17), zero.batch(9, 4, 17));
     }
 
     #[test]

@@ -201,6 +201,11 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
         train.precision = v;
     }
     model.vocab_size = vocab.len() as i64;
+    if let Some(m) = model.musical_rope.as_mut() {
+        // the clock's Position ids come from the run's vocabulary
+        let r = vocab.range(crate::tokenizer::TokenType::Position);
+        (m.position_first, m.positions) = (r.start as i64, (r.end - r.start) as i64);
+    }
     let source = match &o.config_file {
         Some(p) => format!("{} and the command-line flags", p.display()),
         None => "the command-line flags".to_string(),
@@ -467,7 +472,8 @@ pub fn export_probe(o: &TrainOptions, out: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let split = data::split(&ds, tc.seed, tc.val_fraction);
-    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose);
+    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose)
+        .with_piece_starts(tc.piece_starts);
     let mut train = Vec::with_capacity(steps as usize * tc.batch as usize * window * 4);
     for step in 0..steps {
         for id in batcher.batch(step, tc.batch as usize, window) {
@@ -673,7 +679,8 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             data_path.display()
         );
     }
-    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose);
+    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose)
+        .with_piece_starts(tc.piece_starts);
     let window = tc.seq_len as usize + 1;
     let val_windows = data::validation_windows(&split.val, window, tc.val_windows);
 
