@@ -78,6 +78,11 @@ pub struct TrainArgs {
     /// AVX512-BF16, f32 elsewhere), f32 or bf16; saved with the run, which resumes in it.
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,
+    /// Start from the weights of this trained model (a run or model folder with the
+    /// same vocabulary and parameter shapes) instead of fresh ones; the optimizer and
+    /// the schedule start anew. Recorded in the run's config.json.
+    #[arg(long, conflicts_with = "resume")]
+    pub init: Option<PathBuf>,
 }
 
 /// `cadenza eval`.
@@ -272,6 +277,7 @@ fn options(a: TrainArgs) -> train::TrainOptions {
         stop_after: a.stop_after,
         threads: a.threads,
         precision: a.precision,
+        init: a.init,
         progress: true,
         ..spec_options(a.spec)
     }

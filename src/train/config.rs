@@ -285,6 +285,10 @@ pub struct RunConfig {
     /// The dataset the run was trained on (for `eval` and `--resume`).
     pub dataset: String,
     pub preset: String,
+    /// The trained model whose weights the run started from (`train --init`), as given;
+    /// None for a run from freshly drawn weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
 }
 
 /// Optional overrides from a TOML file: `[model]` and `[train]` tables.

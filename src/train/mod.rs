@@ -59,6 +59,8 @@ pub struct TrainOptions {
     pub threads: Option<usize>,
     /// Precision of the dense products (overrides the config's; a resumed run keeps its own).
     pub precision: Option<Precision>,
+    /// Start from this trained model's weights (same vocabulary and parameter shapes).
+    pub init: Option<PathBuf>,
     pub progress: bool,
 }
 
@@ -144,6 +146,7 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
             || o.config_file.is_some()
             || o.lr.is_some()
             || o.positional.is_some()
+            || o.init.is_some()
         {
             bail!(
                 "--resume continues the saved configuration; only --steps and --threads may change"
@@ -222,7 +225,32 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
         vocab_hash: vocab.hash().to_string(),
         dataset: String::new(),
         preset,
+        init: o.init.as_ref().map(|p| p.display().to_string()),
     })
+}
+
+/// Copies the weights of the trained model `init` (a run or model folder) into `vs`,
+/// refusing a model of another vocabulary or other parameter shapes. Only the weights
+/// come over: the optimizer starts fresh, and the FAVOR+ training projections are the
+/// new run's own draws.
+fn init_weights(init: &Path, cfg: &RunConfig, vs: &mut VarStore, config: &Path) -> Result<()> {
+    let src = checkpoint::load_model(init, Device::Cpu)
+        .with_context(|| format!("--init {}", init.display()))?;
+    if src.config.vocab_hash != cfg.vocab_hash {
+        bail!(
+            "--init {}: the model was trained with vocabulary {}, this run uses {}",
+            init.display(),
+            src.config.vocab_hash,
+            cfg.vocab_hash
+        );
+    }
+    let weights = src.dir.join(checkpoint::MODEL_FILE);
+    checkpoint::check_weights(&weights, vs, config)
+        .with_context(|| format!("--init {}", init.display()))?;
+    vs.load(&weights)
+        .map_err(|e| anyhow::anyhow!("--init {}: {e}", weights.display()))?;
+    tracing::info!("weights from {}", weights.display());
+    Ok(())
 }
 
 /// The run's precision made concrete for `device`: a new run's `auto` resolved and stored
@@ -720,6 +748,9 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         state = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
         truncate_metrics(run, state.step)?;
     } else {
+        if let Some(init) = &o.init {
+            init_weights(init, &cfg, &mut vs, &run.join(CONFIG_FILE))?;
+        }
         truncate_metrics(run, 0)?;
     }
     let last_step = o.stop_after.unwrap_or(tc.steps).min(tc.steps);

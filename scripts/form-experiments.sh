@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 25's side-by-side fine-tunes (docs/form.md of the project): every row starts from
+# the shipped model's weights and trains STEPS steps on the same batches (seed 0; the
+# batches depend on (seed, step) and the window length only), with the same tokens per
+# step (8 x 512 or 2 x 2048). A row already finished is skipped; one interrupted is
+# resumed exactly (--resume). Usage: bash scripts/form-experiments.sh [ROW ...]
+# Rows: base512 music512 base2048 music2048 (default: all, in that order).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release/cadenza}
+DATA=${DATA:-runs/corpus-data-remi-compact}
+OUT=${OUT:-runs/form}
+STEPS=${STEPS:-300}
+LR=${LR:-3e-4}
+rows=("$@")
+[ ${#rows[@]} -gt 0 ] || rows=(base512 music512 base2048 music2048)
+mkdir -p "$OUT"
+for row in "${rows[@]}"; do
+    case $row in
+        base512) cfg=scripts/form/base.toml; shape=(--seq-len 512 --batch 8) ;;
+        music512) cfg=scripts/form/music.toml; shape=(--seq-len 512 --batch 8) ;;
+        base2048) cfg=scripts/form/base.toml; shape=(--seq-len 2048 --batch 2) ;;
+        music2048) cfg=scripts/form/music.toml; shape=(--seq-len 2048 --batch 2) ;;
+        *) echo "unknown row $row" >&2; exit 2 ;;
+    esac
+    run=$OUT/$row
+    if [ -f "$run/checkpoint/state.json" ] && grep -q "\"step\":$STEPS\b" "$run/checkpoint/state.json"; then
+        echo "== $row: done"; continue
+    fi
+    if [ -f "$run/checkpoint/state.json" ]; then
+        echo "== $row: resuming"
+        "$BIN" train -o "$run" --resume
+    else
+        echo "== $row: from models/cadenza-small"
+        "$BIN" train -o "$run" --data "$DATA" --vocab vocab/remi-compact.json \
+            --init models/cadenza-small --config "$cfg" "${shape[@]}" \
+            --steps "$STEPS" --lr "$LR"
+    fi
+done
