@@ -899,3 +899,66 @@ fn shipped_model_folder_has_the_files_hub_users_expect() {
         );
     }
 }
+
+#[test]
+fn init_carries_the_weights_into_a_musical_rope_run_that_generates() {
+    let _rng = torch_rng();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset_dir(tmp.path());
+    let vocab = Vocab::new(Default::default()).unwrap();
+    let cfg = tmp.path().join("music.toml");
+    std::fs::write(
+        &cfg,
+        "[model]\nlocal_heads = 2\nlocal_window = 32\nlocal_position = \"rope\"\n\
+         musical_rope = { bar_pairs = 2, position_pairs = 2 }\n[train]\npiece_starts = 0.5\n",
+    )
+    .unwrap();
+    let mut a = tiny_opts(&tmp.path().join("a"), &data, 40);
+    a.config_file = Some(cfg.clone());
+    let sa = train::train(&a).unwrap();
+
+    // one step at a vanishing rate from a's weights: b starts where a ended
+    let mut b = tiny_opts(&tmp.path().join("b"), &data, 1);
+    b.config_file = Some(cfg.clone());
+    b.init = Some(tmp.path().join("a"));
+    b.lr = Some(1e-9);
+    let sb = train::train(&b).unwrap();
+    let (va, vb) = (sa.last_val_loss.unwrap(), sb.last_val_loss.unwrap());
+    assert!((va - vb).abs() < 0.02 * va, "a ended at {va}, b from it at {vb}");
+    let uniform = (vocab.len() as f64).ln();
+    assert!(vb < 0.6 * uniform, "{vb} against uniform {uniform}");
+    // the same run from fresh weights is far behind
+    let mut c = tiny_opts(&tmp.path().join("c"), &data, 1);
+    c.config_file = Some(cfg);
+    c.lr = Some(1e-9);
+    let vc = train::train(&c).unwrap().last_val_loss.unwrap();
+    assert!(vc > vb + 0.5, "fresh {vc} against init {vb}");
+
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("b/config.json")).unwrap())
+            .unwrap();
+    assert!(saved["init"].as_str().unwrap().ends_with("a"), "{saved}");
+    let m = &saved["model"]["musical_rope"];
+    let r = vocab.range(tokenizer::TokenType::Position);
+    assert_eq!(m["position_first"], r.start as i64);
+    assert_eq!(m["positions"], (r.end - r.start) as i64);
+    assert_eq!(saved["train"]["piece_starts"], 0.5);
+
+    // the musical clock runs in the recurrence too: a piece comes out
+    let piece = tmp.path().join("g.mid");
+    let out = Command::new(bin())
+        .args(["generate", "--model"])
+        .arg(tmp.path().join("b"))
+        .args(["--tokens", "80", "--device", "cpu", "-o"])
+        .arg(&piece)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(midi::read_file(&piece).is_ok());
+
+    // a missing model is named
+    let mut d = tiny_opts(&tmp.path().join("d"), &data, 1);
+    d.init = Some(tmp.path().join("nowhere"));
+    let err = format!("{:#}", train::train(&d).unwrap_err());
+    assert!(err.contains("--init") && err.contains("nowhere"), "{err}");
+}
