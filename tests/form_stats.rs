@@ -114,10 +114,8 @@ fn bad_strain_bars_and_outputs_are_refused() {
     write_piece(&gen, &[0, 0]);
     let g = gen.to_str().unwrap();
     for bad in ["0", "5000", "-3", "eight"] {
-        let (rc, err) = common::run_cadenza(
-            &["stats", g, "--real", g, "--strain-bars", bad],
-            60.0,
-        );
+        let flag = format!("--strain-bars={bad}");
+        let (rc, err) = common::run_cadenza(&["stats", g, "--real", g, &flag], 60.0);
         assert_ne!(rc, 0, "--strain-bars {bad} was accepted");
         assert!(err.contains("--strain-bars"), "{bad}: {err}");
     }
