@@ -60,7 +60,10 @@ fn stats_reports_the_strain_return_of_an_aabb_piece() {
     assert_eq!(j["strain_bars"], 8);
     let g = &j["generated"];
     let strain = g["summary"]["strain_return"].as_f64().unwrap();
-    assert!((strain - 1.0).abs() < 1e-9, "generated strain return {strain}");
+    assert!(
+        (strain - 1.0).abs() < 1e-9,
+        "generated strain return {strain}"
+    );
     assert_eq!(g["summary"]["strain_share"].as_f64(), Some(1.0));
     let piece = &g["pieces"][0];
     assert_eq!(piece["bars"], 32);

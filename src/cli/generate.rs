@@ -762,7 +762,15 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
     let pngs = a
         .form_png
         .as_ref()
-        .map(|d| form_png_paths(d, &generated_files.iter().map(|f| f.0.clone()).collect::<Vec<_>>()))
+        .map(|d| {
+            form_png_paths(
+                d,
+                &generated_files
+                    .iter()
+                    .map(|f| f.0.clone())
+                    .collect::<Vec<_>>(),
+            )
+        })
         .unwrap_or_default();
     {
         let mut plan = crate::output::Plan::new();
@@ -814,11 +822,15 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
             }
         } else {
             let files = tokenizer::dataset::collect_midi_files(std::slice::from_ref(r))?;
-            real.extend(midi_scores(&files).into_iter().map(|(source, score)| StatsPiece {
-                source,
-                score,
-                ids: None,
-            }));
+            real.extend(
+                midi_scores(&files)
+                    .into_iter()
+                    .map(|(source, score)| StatsPiece {
+                        source,
+                        score,
+                        ids: None,
+                    }),
+            );
         }
     }
     let vocab = match vocab {
@@ -931,7 +943,11 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
                 None => p.score.clone(),
             };
             render::self_similarity_png(&score, &matrix, png, &opts)?;
-            println!("{}: piano roll and self-similarity of {} bars", png.display(), matrix.len());
+            println!(
+                "{}: piano roll and self-similarity of {} bars",
+                png.display(),
+                matrix.len()
+            );
         }
     }
     Ok(0)

@@ -94,7 +94,11 @@ pub fn strain_stats(values: &[Option<f64>]) -> StrainStats {
 }
 
 /// Compares the strain returns of generated and real continuations.
-pub fn strain_comparison(p: usize, real: &[Option<f64>], generated: &[Option<f64>]) -> StrainComparison {
+pub fn strain_comparison(
+    p: usize,
+    real: &[Option<f64>],
+    generated: &[Option<f64>],
+) -> StrainComparison {
     let (r, g) = (strain_stats(real), strain_stats(generated));
     StrainComparison {
         strain_bars: p,
@@ -258,8 +262,7 @@ pub fn evaluate(
             repeat_share: div(g.repeat_share, r.repeat_share),
             notes: 0,
         },
-        strain_return: strain
-            .then(|| strain_comparison(prompt_bars, &real_strain, &gen_strain)),
+        strain_return: strain.then(|| strain_comparison(prompt_bars, &real_strain, &gen_strain)),
     })
 }
 
@@ -376,8 +379,14 @@ mod tests {
             strain_return: Some(c),
         };
         let md = markdown(&r);
-        assert!(md.contains("| strain return (bars 9-16 vs 1-8) | 0.100 | 0.600 | 0.17x |"), "{md}");
-        assert!(md.contains("| share with strain return >= 0.5 | 0.000 | 0.500 | |"), "{md}");
+        assert!(
+            md.contains("| strain return (bars 9-16 vs 1-8) | 0.100 | 0.600 | 0.17x |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| share with strain return >= 0.5 | 0.000 | 0.500 | |"),
+            "{md}"
+        );
         let j = serde_json::to_value(&r).unwrap();
         assert_eq!(j["strain_return"]["real"]["pieces"], 2);
         assert!(j["in_scale"].is_null() && j["real"]["in_scale"].is_number());
@@ -386,7 +395,10 @@ mod tests {
             ..r
         };
         assert!(!markdown(&without).contains("strain"));
-        assert!(serde_json::to_value(&without).unwrap().get("strain_return").is_none());
+        assert!(serde_json::to_value(&without)
+            .unwrap()
+            .get("strain_return")
+            .is_none());
     }
 
     #[test]

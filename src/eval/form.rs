@@ -246,7 +246,13 @@ fn mean_count(values: impl Iterator<Item = Option<f64>>) -> (Option<f64>, usize)
 /// Averages pieces' form measures (see the module doc).
 pub fn summarize(pieces: &[PieceForm], strain_bars: usize) -> FormSummary {
     let (curve, counts): (Vec<_>, Vec<_>) = (0..MAX_LAG)
-        .map(|k| mean_count(pieces.iter().map(|p| p.similarity_curve.get(k).copied().flatten())))
+        .map(|k| {
+            mean_count(
+                pieces
+                    .iter()
+                    .map(|p| p.similarity_curve.get(k).copied().flatten()),
+            )
+        })
         .unzip();
     let (strain_return, strain_pieces) = mean_count(pieces.iter().map(|p| p.strain_return));
     let returning = pieces
@@ -533,7 +539,7 @@ mod tests {
         // W = 39 still reaches bar 2 from bar 40? bar 40 looks at 1..=1: no
         assert!(close(section_recall(&piece, 39), 0.0));
         assert!(close(section_recall(&piece, 38), 0.5)); // bars 39, 40
-        // a copy only 10 bars back does not count for W = 16
+                                                         // a copy only 10 bars back does not count for W = 16
         let mut near = piece.clone();
         near[39] = near[29].clone();
         assert!(close(section_recall(&near, 16), 0.0));

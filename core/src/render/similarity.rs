@@ -253,7 +253,14 @@ fn paint_matrix(
     let ramp_w = (side / 2).max(60);
     for px in 0..ramp_w {
         let v = px as f64 / (ramp_w - 1).max(1) as f64;
-        fill(area, x0 + px, ry, x0 + px + 1, ry + 10, cell_colour(Some(v)))?;
+        fill(
+            area,
+            x0 + px,
+            ry,
+            x0 + px + 1,
+            ry + 10,
+            cell_colour(Some(v)),
+        )?;
     }
     for (v, align) in [(0.0, HPos::Left), (0.5, HPos::Center), (1.0, HPos::Right)] {
         let x = x0 + ((ramp_w - 1) as f64 * v).round() as i32;
@@ -266,12 +273,7 @@ fn paint_matrix(
     fill(area, sx, ry, sx + 10, ry + 10, UNDEFINED)?;
     text("empty bar", SMALL_SIZE, DIM_TEXT, HPos::Left).draw(area, sx + 14, ry + 9)?;
     // "bar" along the bottom axis reads across; the row axis label reads up.
-    text("bar", SMALL_SIZE, DIM_TEXT, HPos::Center).draw_dir(
-        area,
-        12,
-        y0 + side / 2,
-        Direction::Up,
-    )
+    text("bar", SMALL_SIZE, DIM_TEXT, HPos::Center).draw_dir(area, 12, y0 + side / 2, Direction::Up)
 }
 
 #[cfg(test)]
@@ -363,7 +365,10 @@ mod tests {
         let bad = vec![vec![v(1.0)], vec![v(1.0), v(0.0)]];
         let err = self_similarity_png(&s, &bad, &out, &opts).unwrap_err();
         let msg = format!("{err:#}");
-        assert!(msg.contains("form.png") && msg.contains("not square"), "{msg}");
+        assert!(
+            msg.contains("form.png") && msg.contains("not square"),
+            "{msg}"
+        );
         // No bars: an empty frame, not an error.
         self_similarity_png(&Score::new(480), &[], &out, &opts).unwrap();
         // More bars than pixels: sampled.
