@@ -14,6 +14,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
+use crate::eval::form;
 use crate::midi;
 use crate::render;
 use crate::sample::{self, pieces, SampleConfig};
@@ -662,50 +663,182 @@ pub struct StatsArgs {
     /// pieces with real pieces of their length.
     #[arg(long)]
     pub min_real_bars: Option<usize>,
+    /// Strain length P of the strain return: bars P+1..2P against bars 1..P.
+    #[arg(long, default_value_t = form::DEFAULT_STRAIN_BARS as u32,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_STRAIN_BARS as i64))]
+    pub strain_bars: u32,
+    /// Vocabulary JSON whose grid the form measures read bars on: every
+    /// piece is encoded with it (default: the vocabulary of the first --real
+    /// dataset, else the built-in REMI+ vocabulary).
+    #[arg(long)]
+    pub vocab: Option<PathBuf>,
     /// Write the table here too.
     #[arg(long)]
     pub markdown: Option<PathBuf>,
+    /// Write the statistics and the form measures (per piece and on
+    /// average, generated and real) here as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Draw, for every generated piece, its piano roll beside its bars x bars
+    /// self-similarity matrix into this folder (STEM.png; STEM-2.png ... when
+    /// two pieces share a name).
+    #[arg(long)]
+    pub form_png: Option<PathBuf>,
 }
 
-fn midi_scores(inputs: &[PathBuf]) -> Result<Vec<midi::Score>> {
-    let files = tokenizer::dataset::collect_midi_files(inputs)?;
+/// Longest `--strain-bars` (the form measures read at most
+/// [`form::MAX_FORM_BARS`] bars, and a strain return needs twice P).
+pub const MAX_STRAIN_BARS: usize = form::MAX_FORM_BARS / 2;
+
+/// The MIDI files of `inputs`, each read, with its path; unreadable files
+/// are skipped with a warning.
+fn midi_scores(files: &[(PathBuf, String)]) -> Vec<(String, midi::Score)> {
     let mut out = Vec::new();
     for (p, _) in files {
-        match midi::read_file(&p) {
-            Ok((s, _)) => out.push(s),
+        match midi::read_file(p) {
+            Ok((s, _)) => out.push((p.display().to_string(), s)),
             Err(e) => warn!("skipped {}", crate::util::excerpt(&format!("{e:#}"), 800)),
         }
     }
-    Ok(out)
+    out
 }
 
-/// Compares music statistics of generated and real pieces (a table on stdout).
+/// A piece read by `stats`: where it came from, its score, and its tokens
+/// when they come from a dataset in the vocabulary of the form measures.
+struct StatsPiece {
+    source: String,
+    score: midi::Score,
+    ids: Option<Vec<u32>>,
+}
+
+/// The form measures of one set of pieces, in `stats`'s JSON.
+#[derive(Debug, Serialize)]
+struct FormSet {
+    summary: form::FormSummary,
+    pieces: Vec<form::PieceForm>,
+}
+
+/// What `stats --json` writes (docs/commands.md, `stats`).
+#[derive(Debug, Serialize)]
+struct StatsReport {
+    /// `--bars`, when given.
+    bars: Option<u32>,
+    /// `--strain-bars`.
+    strain_bars: usize,
+    /// Hash of the vocabulary the bars were read with.
+    vocab_hash: String,
+    /// The music statistics, as in the table.
+    statistics: Vec<crate::eval::stats::StatComparison>,
+    generated: FormSet,
+    real: FormSet,
+}
+
+/// `DIR/STEM.png` for each source, numbered from 2 where a name repeats.
+fn form_png_paths(dir: &Path, sources: &[PathBuf]) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    sources
+        .iter()
+        .map(|p| {
+            let stem = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "piece".into());
+            let k = seen.entry(stem.clone()).or_insert(0);
+            *k += 1;
+            match *k {
+                1 => dir.join(format!("{stem}.png")),
+                k => dir.join(format!("{stem}-{k}.png")),
+            }
+        })
+        .collect()
+}
+
+/// Compares music statistics and form measures of generated and real
+/// pieces (tables on stdout).
 pub fn stats(a: StatsArgs) -> Result<i32> {
     use crate::eval::stats;
     crate::train::config::check_val_fraction(a.val_fraction, "--val-fraction")?;
-    if let Some(m) = &a.markdown {
-        let inputs: Vec<(&str, &Path)> = a
-            .generated
-            .iter()
-            .map(|p| ("generated", p.as_path()))
-            .chain(a.real.iter().map(|p| ("--real", p.as_path())))
-            .collect();
-        crate::util::check_outputs(&inputs, &[("--markdown", m)])?;
+    let generated_files = tokenizer::dataset::collect_midi_files(&a.generated)?;
+    let pngs = a
+        .form_png
+        .as_ref()
+        .map(|d| {
+            form_png_paths(
+                d,
+                &generated_files
+                    .iter()
+                    .map(|f| f.0.clone())
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .unwrap_or_default();
+    {
+        let mut plan = crate::output::Plan::new();
+        for p in &a.generated {
+            plan.read("generated", p);
+        }
+        for p in &a.real {
+            plan.read("--real", p);
+        }
+        if let Some(v) = &a.vocab {
+            plan.read("--vocab", v);
+        }
+        if let Some(m) = &a.markdown {
+            plan.write("--markdown", m);
+        }
+        if let Some(j) = &a.json {
+            plan.write("--json", j);
+        }
+        for p in &pngs {
+            plan.write("--form-png", p);
+        }
+        plan.check()?;
     }
-    let generated = midi_scores(&a.generated)?;
+    let mut vocab = match &a.vocab {
+        Some(p) => Some(tokenizer::Vocab::load(p)?),
+        None => None,
+    };
+    let generated: Vec<StatsPiece> = midi_scores(&generated_files)
+        .into_iter()
+        .map(|(source, score)| StatsPiece {
+            source,
+            score,
+            ids: None,
+        })
+        .collect();
     let mut real = Vec::new();
     for r in &a.real {
         if r.join(tokenizer::dataset::MANIFEST_FILE).is_file() {
             let ds = tokenizer::dataset::Dataset::open(r)?;
+            let v = vocab.get_or_insert_with(|| ds.vocab.clone());
+            let same = v.hash() == ds.vocab.hash();
             for p in crate::train::data::split(&ds, a.seed, a.val_fraction).val {
-                real.push(tokenizer::decode(&p.ids, &ds.vocab).0);
+                let score = tokenizer::decode(&p.ids, &ds.vocab).0;
+                real.push(StatsPiece {
+                    source: p.source,
+                    score,
+                    ids: same.then_some(p.ids),
+                });
             }
         } else {
-            real.extend(midi_scores(std::slice::from_ref(r))?);
+            let files = tokenizer::dataset::collect_midi_files(std::slice::from_ref(r))?;
+            real.extend(
+                midi_scores(&files)
+                    .into_iter()
+                    .map(|(source, score)| StatsPiece {
+                        source,
+                        score,
+                        ids: None,
+                    }),
+            );
         }
     }
+    let vocab = match vocab {
+        Some(v) => v,
+        None => tokenizer::Vocab::new(tokenizer::RemiConfig::default())?,
+    };
     if let Some(n) = a.min_real_bars {
-        real.retain(|s| stats::piece_stats(s).bars >= n);
+        real.retain(|p| stats::piece_stats(&p.score).bars >= n);
     }
     // Spread over the whole list: its first files are one collection.
     let real = crate::train::eval::spread(real, a.max_real);
@@ -716,8 +849,33 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
         Some(n) => stats::piece_stats(&stats::first_bars(s, n as usize)),
         None => stats::piece_stats(s),
     };
-    let g: Vec<_> = generated.iter().map(measure).collect();
-    let r: Vec<_> = real.iter().map(measure).collect();
+    let g: Vec<_> = generated.iter().map(|p| measure(&p.score)).collect();
+    let r: Vec<_> = real.iter().map(|p| measure(&p.score)).collect();
+    // Form: the bars of the piece's tokens in `vocab` (one definition of a
+    // bar for generated and real pieces), cut to --bars.
+    let strain = a.strain_bars as usize;
+    let form_bars = |p: &StatsPiece| {
+        let mut bars = match &p.ids {
+            Some(ids) => form::bars(ids, &vocab),
+            None => form::bars(&tokenizer::encode(&p.score, &vocab).0, &vocab),
+        };
+        if let Some(n) = a.bars {
+            bars.truncate(n as usize);
+        }
+        bars
+    };
+    let forms = |set: &[StatsPiece]| -> FormSet {
+        let pieces: Vec<form::PieceForm> = set
+            .iter()
+            .map(|p| form::piece_form(&p.source, &form_bars(p), strain))
+            .collect();
+        FormSet {
+            summary: form::summarize(&pieces, strain),
+            pieces,
+        }
+    };
+    let gf = forms(&generated);
+    let rf = forms(&real);
     // Sizes first: whole-piece statistics such as the pitch range grow with
     // the length of a piece, so a reader must see whether the sets compare.
     let sizes = |v: &[stats::PieceStats]| {
@@ -736,11 +894,61 @@ pub fn stats(a: StatsArgs) -> Result<i32> {
         cut += &format!(" (real pieces of at least {n} bars)");
     }
     let heading = format!("generated: {}; real: {}{cut}", sizes(&g), sizes(&r));
-    let table = stats::markdown(&stats::compare(&g, &r));
+    let rows = stats::compare(&g, &r);
+    let table = stats::markdown(&rows);
+    let form_text = format!(
+        "\nform (bars read on the grid of vocabulary {}):\n\n{}\ngenerated pieces:\n\n{}",
+        vocab.hash(),
+        form::markdown(&gf.summary, &rf.summary),
+        form::piece_table(&gf.pieces)
+    );
     println!("{heading}\n");
     print!("{table}");
+    print!("{form_text}");
     if let Some(m) = &a.markdown {
-        crate::util::write_atomic(m, format!("{heading}\n\n{table}").as_bytes())?;
+        crate::util::write_atomic(m, format!("{heading}\n\n{table}{form_text}").as_bytes())?;
+    }
+    if let Some(j) = &a.json {
+        let report = StatsReport {
+            bars: a.bars,
+            strain_bars: strain,
+            vocab_hash: vocab.hash().to_string(),
+            statistics: rows,
+            generated: gf,
+            real: rf,
+        };
+        crate::util::write_json(j, &report)?;
+        println!("{}: statistics and form measures", j.display());
+    }
+    if let Some(dir) = &a.form_png {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create --form-png folder {}", dir.display()))?;
+        // `generated` holds the files that could be read, in order.
+        let by_source: std::collections::HashMap<String, &PathBuf> = generated_files
+            .iter()
+            .zip(&pngs)
+            .map(|((p, _), png)| (p.display().to_string(), png))
+            .collect();
+        for p in &generated {
+            let Some(png) = by_source.get(&p.source) else {
+                continue;
+            };
+            let matrix = form::self_similarity(&form_bars(p));
+            let opts = render::SelfSimilarityOptions {
+                title: Some(format!("bar self-similarity: {}", p.source)),
+                ..Default::default()
+            };
+            let score = match a.bars {
+                Some(n) => stats::first_bars(&p.score, n as usize),
+                None => p.score.clone(),
+            };
+            render::self_similarity_png(&score, &matrix, png, &opts)?;
+            println!(
+                "{}: piano roll and self-similarity of {} bars",
+                png.display(),
+                matrix.len()
+            );
+        }
     }
     Ok(0)
 }

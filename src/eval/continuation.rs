@@ -13,9 +13,16 @@
 //! Each statistic is averaged over pieces, and the report gives the ratio
 //! generated / real: 1.0 is the real music's texture, and an in-scale ratio
 //! under 1 a model that wanders out of key. Drums are left out.
+//!
+//! When `bars >= prompt_bars` (= P), the report also gives the strain
+//! return (module [`form`](super::form)) of both continuations: the
+//! similarity of the continued bars P+1..2P to the prompt's bars 1..P, its
+//! mean over the pieces where it is defined and the share of those pieces
+//! at >= 0.5. A continuation that stops before bar 2P has none.
 
 use serde::{Deserialize, Serialize};
 
+use super::form;
 use crate::model::Transformer;
 use crate::sample::{self, SampleConfig};
 use crate::tokenizer::{Token, Vocab, BAR_ID, BOS_ID, EOS_ID};
@@ -43,6 +50,65 @@ pub struct ContinuationReport {
     pub generated: ContinuationStats,
     /// generated / real for each statistic.
     pub ratio: ContinuationStats,
+    /// The strain return of both continuations; present when `bars` is at
+    /// least `prompt_bars`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strain_return: Option<StrainComparison>,
+}
+
+/// Strain return over a set of continuations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StrainStats {
+    /// Mean strain return over the pieces where it is defined (null: none).
+    pub mean: Option<f64>,
+    /// Share of those pieces whose strain return is >= 0.5 (null: none).
+    pub share: Option<f64>,
+    /// Pieces where it is defined.
+    pub pieces: usize,
+}
+
+/// The strain return of the model's continuations next to the real ones'.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StrainComparison {
+    /// P: the prompt's bars, compared with the continued bars P+1..2P.
+    pub strain_bars: usize,
+    pub real: StrainStats,
+    pub generated: StrainStats,
+    /// generated mean / real mean (null when either is undefined or the
+    /// real mean is 0).
+    pub ratio: Option<f64>,
+}
+
+/// Mean and share >= [`form::NEAR_COPY`] of the defined strain returns.
+pub fn strain_stats(values: &[Option<f64>]) -> StrainStats {
+    let v: Vec<f64> = values.iter().flatten().copied().collect();
+    if v.is_empty() {
+        return StrainStats::default();
+    }
+    let n = v.len() as f64;
+    StrainStats {
+        mean: Some(v.iter().sum::<f64>() / n),
+        share: Some(v.iter().filter(|&&x| x >= form::NEAR_COPY).count() as f64 / n),
+        pieces: v.len(),
+    }
+}
+
+/// Compares the strain returns of generated and real continuations.
+pub fn strain_comparison(
+    p: usize,
+    real: &[Option<f64>],
+    generated: &[Option<f64>],
+) -> StrainComparison {
+    let (r, g) = (strain_stats(real), strain_stats(generated));
+    StrainComparison {
+        strain_bars: p,
+        real: r,
+        generated: g,
+        ratio: match (g.mean, r.mean) {
+            (Some(g), Some(r)) if r > 0.0 => Some(g / r),
+            _ => None,
+        },
+    }
 }
 
 /// The 12-bit mask of the best-fitting key's scale for a pitch-class
@@ -139,6 +205,10 @@ pub fn evaluate(
 ) -> anyhow::Result<ContinuationReport> {
     let mut real = Vec::new();
     let mut gen = Vec::new();
+    // Strain returns (bars P+1..2P against 1..P), when the continuation is
+    // long enough to hold bars P+1..2P.
+    let strain = bars >= prompt_bars;
+    let (mut real_strain, mut gen_strain) = (Vec::new(), Vec::new());
     let usable: Vec<(Vec<u32>, Vec<u32>)> = pieces
         .iter()
         .filter_map(|p| split_piece(p, prompt_bars, bars))
@@ -161,6 +231,14 @@ pub fn evaluate(
         let made = &s[0].tokens[s[0].prompt_len..];
         real.push(continuation_stats(&pitches(cont, vocab), scale, bars));
         gen.push(continuation_stats(&pitches(made, vocab), scale, bars));
+        if strain {
+            let whole: Vec<u32> = prompt.iter().chain(cont).copied().collect();
+            real_strain.push(form::strain_return(&form::bars(&whole, vocab), prompt_bars));
+            gen_strain.push(form::strain_return(
+                &form::bars(&s[0].tokens, vocab),
+                prompt_bars,
+            ));
+        }
         progress(i + 1, usable.len());
     }
     if real.is_empty() {
@@ -184,6 +262,7 @@ pub fn evaluate(
             repeat_share: div(g.repeat_share, r.repeat_share),
             notes: 0,
         },
+        strain_return: strain.then(|| strain_comparison(prompt_bars, &real_strain, &gen_strain)),
     })
 }
 
@@ -218,6 +297,27 @@ pub fn markdown(r: &ContinuationReport) -> String {
     out.push_str(&row("notes per bar", |x| x.notes_per_bar));
     out.push_str(&row("pitch range", |x| x.pitch_range));
     out.push_str(&row("repeat share", |x| x.repeat_share));
+    if let Some(st) = &r.strain_return {
+        let p = st.strain_bars;
+        let ratio = st.ratio.map_or("-".to_string(), |x| format!("{x:.2}x"));
+        out.push_str(&format!(
+            "| strain return (bars {}-{} vs 1-{p}) | {} | {} | {ratio} |\n",
+            p + 1,
+            2 * p,
+            form::cell(st.generated.mean),
+            form::cell(st.real.mean),
+        ));
+        out.push_str(&format!(
+            "| share with strain return >= {} | {} | {} | |\n",
+            form::NEAR_COPY,
+            form::cell(st.generated.share),
+            form::cell(st.real.share),
+        ));
+        out.push_str(&format!(
+            "\nstrain return defined for {} generated and {} real continuations\n",
+            st.generated.pieces, st.real.pieces
+        ));
+    }
     out
 }
 
@@ -256,6 +356,49 @@ mod tests {
             continuation_stats(&[], c_major, 2),
             ContinuationStats::default()
         );
+    }
+
+    #[test]
+    fn strain_return_of_continuations() {
+        let c = strain_comparison(8, &[Some(1.0), Some(0.2), None], &[Some(0.1), None, None]);
+        assert_eq!(c.real.pieces, 2);
+        assert!((c.real.mean.unwrap() - 0.6).abs() < 1e-12);
+        assert_eq!(c.real.share, Some(0.5));
+        assert_eq!(c.generated.share, Some(0.0));
+        assert!((c.ratio.unwrap() - 0.1 / 0.6).abs() < 1e-12);
+        let none = strain_comparison(8, &[None], &[Some(0.3)]);
+        assert_eq!(none.real, StrainStats::default());
+        assert_eq!(none.ratio, None);
+        let r = ContinuationReport {
+            pieces: 3,
+            prompt_bars: 8,
+            bars: 8,
+            real: ContinuationStats::default(),
+            generated: ContinuationStats::default(),
+            ratio: ContinuationStats::default(),
+            strain_return: Some(c),
+        };
+        let md = markdown(&r);
+        assert!(
+            md.contains("| strain return (bars 9-16 vs 1-8) | 0.100 | 0.600 | 0.17x |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| share with strain return >= 0.5 | 0.000 | 0.500 | |"),
+            "{md}"
+        );
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["strain_return"]["real"]["pieces"], 2);
+        assert!(j["in_scale"].is_null() && j["real"]["in_scale"].is_number());
+        let without = ContinuationReport {
+            strain_return: None,
+            ..r
+        };
+        assert!(!markdown(&without).contains("strain"));
+        assert!(serde_json::to_value(&without)
+            .unwrap()
+            .get("strain_return")
+            .is_none());
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! of several windows combine by weighting with `count`.
 
 pub mod continuation;
+pub mod form;
 pub mod stats;
 
 use std::collections::BTreeMap;

@@ -1,6 +1,7 @@
 //! Turning a [`Score`](crate::midi::Score) into things a person can check:
 //! audio (a stereo WAV rendered with a SoundFont through `rustysynth`), a
-//! piano-roll picture, and simple line plots (loss curves, per-position NLL).
+//! piano-roll picture, simple line plots (loss curves, per-position NLL),
+//! and a bars x bars self-similarity matrix beside a piece's piano roll.
 //!
 //! Everything here writes plain files: audio through `rustysynth` and
 //! `hound`; pictures are drawn with `plotters` into memory and encoded with
@@ -12,11 +13,13 @@ mod gm;
 mod pianoroll;
 mod picture;
 mod plot;
+mod similarity;
 mod wav;
 
 pub use gm::gm_program_name;
 pub use pianoroll::{piano_roll_png, PianoRollOptions};
 pub use plot::{line_plot_png, Series, PLOT_HEIGHT, PLOT_WIDTH};
+pub use similarity::{self_similarity_png, SelfSimilarityOptions, MATRIX_SIDE};
 pub use wav::{
     find_soundfont, render_samples, render_wav, RenderOptions, RenderStats, KNOWN_SOUNDFONTS,
     MAX_RENDER_SECONDS,

@@ -89,13 +89,13 @@ const TITLE_SIZE: f64 = 15.0;
 const TEXT_SIZE: f64 = 12.0;
 const SMALL_SIZE: f64 = 11.0;
 
-const BG: Rgb = [12, 12, 16];
+pub(crate) const BG: Rgb = [12, 12, 16];
 const ROLL_BG: Rgb = [22, 22, 29];
 const BLACK_KEY_BG: Rgb = [17, 17, 23];
 const C_LINE: Rgb = [60, 60, 76];
 const BAR_LINE: Rgb = [46, 46, 58];
-const TEXT: Rgb = [190, 190, 200];
-const DIM_TEXT: Rgb = [120, 120, 132];
+pub(crate) const TEXT: Rgb = [190, 190, 200];
+pub(crate) const DIM_TEXT: Rgb = [120, 120, 132];
 const DRUM: Rgb = [225, 225, 225];
 
 /// Legend key for a note: program, or None for drums.
@@ -156,9 +156,9 @@ struct Row {
 
 /// Where everything goes; computed before drawing so that tests can check it.
 #[derive(Debug, Clone, PartialEq)]
-struct Layout {
-    width: u32,
-    height: u32,
+pub(crate) struct Layout {
+    pub(crate) width: u32,
+    pub(crate) height: u32,
     /// Roll area width (the same for every row).
     plot_w: u32,
     /// Pixels per second (the same for every row).
@@ -256,7 +256,7 @@ fn split_rows(
         .collect()
 }
 
-fn layout(score: &Score, tempo: &TempoMap, opts: &PianoRollOptions) -> Layout {
+pub(crate) fn layout(score: &Score, tempo: &TempoMap, opts: &PianoRollOptions) -> Layout {
     let notes: Vec<_> = score.notes.iter().filter(|n| n.pitch <= 127).collect();
     let end_tick = score_end(score);
     let mut duration = tempo.seconds(end_tick);
@@ -416,7 +416,7 @@ pub fn piano_roll_png(score: &Score, out: &Path, opts: &PianoRollOptions) -> Res
     })
 }
 
-fn paint(
+pub(crate) fn paint(
     area: &Area,
     score: &Score,
     tempo: &TempoMap,
