@@ -669,3 +669,235 @@ pub fn markdown_table(reports: &[EvalReport]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::{score_window, scored_positions, PitchTable};
+    use crate::model::config::{AttentionKind, LocalPosition};
+    use crate::model::{ModelConfig, Transformer};
+    use crate::tokenizer::{RemiConfig, Vocab};
+    use tch::{nn::VarStore, Device, Kind, Tensor};
+
+    fn vocab() -> Vocab {
+        Vocab::new(RemiConfig::default()).unwrap()
+    }
+
+    /// A tiny model (4 heads of 16, 2 layers), `local` of them RoPE local heads of
+    /// `window` tokens, with weights scaled up so that its predictions depend on the
+    /// context more than a fresh model's (std 0.02) do.
+    fn model(v: &Vocab, pos: &str, local: i64, window: i64) -> (VarStore, Transformer) {
+        let mut cfg = ModelConfig::preset("tiny", v.len() as i64)
+            .unwrap()
+            .with_positional(pos)
+            .unwrap();
+        cfg.chunk_size = 16;
+        cfg.local_heads = local;
+        cfg.local_window = if local > 0 { window } else { 0 };
+        cfg.local_position = LocalPosition::Rope;
+        cfg.validate().unwrap();
+        let vs = VarStore::new(Device::Cpu);
+        let m = Transformer::new(&vs.root(), &cfg).unwrap();
+        tch::no_grad(|| {
+            for (name, w) in vs.variables() {
+                if name.contains("attn_") || name.contains("tok_embed") {
+                    let _ = w.shallow_clone().g_mul_scalar_(8.0);
+                }
+            }
+        });
+        (vs, m)
+    }
+
+    /// Deterministic pseudo-random ids in 1..V (no PAD).
+    fn ids(v: &Vocab, n: usize, seed: u64) -> Vec<u32> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                1 + ((x >> 33) % (v.len() as u64 - 1)) as u32
+            })
+            .collect()
+    }
+
+    /// Per window, the NLL of each token with the whole past, as `evaluate` keeps it.
+    fn full_nll(m: &Transformer, v: &Vocab, windows: &[(String, Vec<u32>)]) -> Vec<Vec<f64>> {
+        let table = PitchTable::new(v);
+        windows
+            .iter()
+            .map(|(_, w)| {
+                let mut at = vec![f64::NAN; w.len()];
+                for (s, p) in score_window(m, v, &table, w).iter().zip(scored_positions(w)) {
+                    at[p] = s.nll;
+                }
+                at
+            })
+            .collect()
+    }
+
+    fn mean_loss(m: &Transformer, v: &Vocab, w: &[u32]) -> f64 {
+        let s = score_window(m, v, &PitchTable::new(v), w);
+        s.iter().map(|s| s.nll).sum::<f64>() / s.len() as f64
+    }
+
+    #[test]
+    fn a_cut_longer_than_the_past_is_the_full_pass() {
+        let v = vocab();
+        let (_vs, m) = model(&v, "spe-sine", 2, 8);
+        let windows: Vec<(String, Vec<u32>)> = vec![
+            ("folk/a.mid".into(), ids(&v, 40, 1)),
+            ("classical/b.mid".into(), ids(&v, 33, 2)),
+        ];
+        let full = full_nll(&m, &v, &windows);
+        // cut 64 >= every p: the window is the whole past; cut 3 is a real cut
+        let g = context_gain(&m, &v, &windows, &full, &[3, 64], 10, 3);
+        // p = 10, 13, ..., 37 in the first piece (10 positions), up to 31 in the second (8)
+        assert_eq!((g.positions, g.pieces), (18, 2));
+        let mut want = 0.0;
+        for p in (10..40).step_by(3) {
+            want += full[0][p];
+        }
+        for p in (10..33).step_by(3) {
+            want += full[1][p];
+        }
+        assert!((g.full - want / 18.0).abs() < 1e-12, "full is the full pass's");
+        let whole = g.cut["64"];
+        assert!(
+            (whole - g.full).abs() < 1e-5 * g.full,
+            "cut >= past: {whole} vs full {}",
+            g.full
+        );
+        assert!((g.ratio["64"] - 1.0).abs() < 1e-5);
+        let short = g.cut["3"];
+        assert!(
+            (short - g.full).abs() > 1e-3,
+            "a 3-token cut changed nothing: {short} vs {}",
+            g.full
+        );
+        // per type and per source: the same positions split, every cut on each
+        let n: u64 = g.by_type.values().map(|f| f.positions).sum();
+        assert_eq!(n, 18);
+        assert_eq!(g.by_source.len(), 2);
+        assert_eq!(g.by_source["folk"].positions, 10);
+        for f in g.by_type.values().chain(g.by_source.values()) {
+            assert!((f.cut["64"] - f.full).abs() < 1e-5 * f.full.max(1.0));
+        }
+        let table = context_table(&g);
+        assert!(table.contains("last 3") && table.contains("source folk"), "{table}");
+    }
+
+    #[test]
+    fn cut_windows_sit_at_their_absolute_offset() {
+        // All heads local (window 4, 2 layers: 7 tokens of receptive field) with APE: a
+        // cut of 8 sees all the full pass sees, at the same absolute positions, so it
+        // scores alike; at offset 0 the APE codes differ, and so do the scores.
+        let v = vocab();
+        let (_vs, m) = model(&v, "ape", 4, 4);
+        let w = ids(&v, 30, 3);
+        let full = full_nll(&m, &v, &[("a".into(), w.clone())]);
+        for p in [12usize, 20, 29] {
+            let c = 8;
+            let at = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], p - c)[0];
+            assert!(
+                (at - full[0][p]).abs() < 1e-4,
+                "p {p}: {at} vs {}",
+                full[0][p]
+            );
+            let zero = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], 0)[0];
+            assert!((zero - full[0][p]).abs() > 1e-4, "p {p}: offset 0 scored alike");
+        }
+        // batched windows of one offset score as they do alone
+        let (a, b) = (ids(&v, 9, 4), ids(&v, 9, 5));
+        let both = crate::eval::last_token_nll(&m, &[&a[..8], &b[..8]], &[a[8], b[8]], 5);
+        let one = crate::eval::last_token_nll(&m, &[&b[..8]], &[b[8]], 5);
+        assert!((both[1] - one[0]).abs() < 1e-5);
+    }
+
+    #[test]
+    fn ablation_zeroes_the_heads_columns_and_matches_silent_values() {
+        let v = vocab();
+        let w = ids(&v, 48, 7);
+        for ab in [Ablation::Favor, Ablation::Local] {
+            let (vs, m) = model(&v, "spe-sine", 2, 8);
+            // the same weights, for the layout check below
+            let (mut vs2, m2) = model(&v, "spe-sine", 2, 8);
+            vs2.copy(&vs).unwrap();
+            let before = mean_loss(&m, &v, &w);
+            let outs: Vec<Tensor> = (0..2)
+                .map(|i| vs.variables()[&format!("layers.{i}.attn_out.weight")].copy())
+                .collect();
+            let n = ablate(&vs, m.config(), ab, "tiny").unwrap();
+            assert_eq!(n, 2 * 64 * 32);
+            let (lo, hi) = if ab == Ablation::Favor { (32, 64) } else { (0, 32) };
+            let keep = if ab == Ablation::Favor { (0, 32) } else { (32, 64) };
+            for (i, was) in outs.iter().enumerate() {
+                let now = &vs.variables()[&format!("layers.{i}.attn_out.weight")];
+                assert_eq!(now.narrow(1, lo, hi - lo).abs().sum(Kind::Float).double_value(&[]), 0.0);
+                assert!(now
+                    .narrow(1, keep.0, 32)
+                    .equal(&was.narrow(1, keep.0, 32)));
+            }
+            let after = mean_loss(&m, &v, &w);
+            assert!((after - before).abs() > 1e-4, "{ab:?}: {before} -> {after}");
+
+            // The layout check: the same heads silenced by zeroing their values (rows
+            // 2d + h*hd.. of attn_qkv) give the same logits.
+            tch::no_grad(|| {
+                for i in 0..2 {
+                    let vars = vs2.variables();
+                    for part in ["weight", "bias"] {
+                        let t = &vars[&format!("layers.{i}.attn_qkv.{part}")];
+                        let _ = t.narrow(0, 128 + lo, hi - lo).zero_();
+                    }
+                }
+            });
+            let x = Tensor::from_slice(&w.iter().map(|&t| t as i64).collect::<Vec<_>>())
+                .view([1, -1]);
+            let (y1, y2) = tch::no_grad(|| (m.forward_t(&x, 0, false), m2.forward_t(&x, 0, false)));
+            let diff = (y1 - y2).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "{ab:?}: columns and values disagree by {diff}");
+        }
+    }
+
+    #[test]
+    fn ablations_without_the_heads_are_refused() {
+        let v = vocab();
+        let tiny = |local: i64| {
+            let mut c = ModelConfig::preset("tiny", v.len() as i64).unwrap();
+            c.local_heads = local;
+            c.local_window = if local > 0 { 8 } else { 0 };
+            c
+        };
+        let err = |c: &ModelConfig, a: Ablation| format!("{:#}", a.heads(c, "m").unwrap_err());
+        assert!(err(&tiny(0), Ablation::Favor).contains("no local heads"));
+        assert!(err(&tiny(0), Ablation::Favor).contains("zero the whole"));
+        assert!(err(&tiny(4), Ablation::Favor).contains("no FAVOR+ heads"));
+        assert!(err(&tiny(0), Ablation::Local).contains("no local heads"));
+        assert!(err(&tiny(4), Ablation::Local).contains("zero the whole"));
+        let mut soft = tiny(2);
+        soft.attention = AttentionKind::Softmax;
+        assert!(err(&soft, Ablation::Favor).contains("exact softmax"));
+        assert_eq!(Ablation::Local.heads(&soft, "m").unwrap(), (0, 2));
+        assert_eq!(Ablation::Favor.heads(&tiny(1), "m").unwrap(), (1, 4));
+    }
+
+    #[test]
+    fn context_flags_are_checked() {
+        let e = |c: &[usize], f: Option<usize>, s: usize| {
+            format!("{:#}", check_context(c, f, s).unwrap_err())
+        };
+        assert!(e(&[0], None, 16).contains("--context-cut 0"));
+        assert!(e(&[100, 2000], Some(1500), 16).contains("--context-cut 2000"));
+        assert!(e(&[512], Some(512), 16).contains("--context-from 512"));
+        assert!(e(&[8], None, 0).contains("--context-stride 0"));
+        let many: Vec<usize> = (1..=20).collect();
+        assert!(e(&many, None, 1).contains("at most"));
+        assert_eq!(
+            check_context(&[512, 128, 512], None, 16).unwrap(),
+            (vec![128, 512], 1024)
+        );
+        assert_eq!(check_context(&[700], None, 1).unwrap().1, 1400);
+        assert_eq!(check_context(&[5], Some(6), 1).unwrap().1, 6);
+    }
+}
