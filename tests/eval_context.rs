@@ -97,7 +97,10 @@ fn context_gain_and_ablation_reports() {
         ],
     );
     let g = &r["context_gain"];
-    assert_eq!((g["from"].as_u64(), g["stride"].as_u64()), (Some(32), Some(8)));
+    assert_eq!(
+        (g["from"].as_u64(), g["stride"].as_u64()),
+        (Some(32), Some(8))
+    );
     // positions 32, 40, ..., 96 (up to --max-len) in each of the 4 pieces
     assert_eq!(g["positions"].as_u64(), Some(4 * 9), "{g}");
     assert_eq!(g["pieces"].as_u64(), Some(4));
@@ -110,9 +113,15 @@ fn context_gain_and_ablation_reports() {
     }
     let by_type = g["by_type"].as_object().unwrap();
     assert!(by_type.contains_key("Pitch"), "{g}");
-    let n: u64 = by_type.values().map(|t| t["positions"].as_u64().unwrap()).sum();
+    let n: u64 = by_type
+        .values()
+        .map(|t| t["positions"].as_u64().unwrap())
+        .sum();
     assert_eq!(n, 36);
-    assert!(out.contains("context gain") && out.contains("last 4"), "{out}");
+    assert!(
+        out.contains("context gain") && out.contains("last 4"),
+        "{out}"
+    );
     // the rest of the report is the plain one
     assert_eq!(r["loss"], plain["loss"]);
 
@@ -126,7 +135,10 @@ fn context_gain_and_ablation_reports() {
         assert_eq!(a["ablate"].as_str(), Some(which));
         assert!(out.contains(&format!("the {which} heads")), "{out}");
         let (l, p) = (a["loss"].as_f64().unwrap(), plain["loss"].as_f64().unwrap());
-        assert!((l - p).abs() > 1e-6, "--ablate {which} did not change the loss ({l})");
+        assert!(
+            (l - p).abs() > 1e-6,
+            "--ablate {which} did not change the loss ({l})"
+        );
         assert_ne!(Some(other), a["ablate"].as_str());
     }
 }
@@ -137,7 +149,17 @@ fn bad_context_and_ablation_flags_are_refused() {
     let data = scales_dataset(tmp.path(), "scales", 2, 50);
     let run = tiny_run(&tmp.path().join("plain"), &data, false);
     let (r, d) = (run.to_str().unwrap(), data.to_str().unwrap());
-    let base = ["eval", "--model", r, "--data", d, "--device", "cpu", "--threads", "1"];
+    let base = [
+        "eval",
+        "--model",
+        r,
+        "--data",
+        d,
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+    ];
     let refused = |extra: &[&str], words: &[&str]| {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         let (code, err) = run_cadenza(&args, 60.0);
@@ -152,13 +174,29 @@ fn bad_context_and_ablation_flags_are_refused() {
         &["--context-cut", "40", "--context-from", "32"],
         &["--context-cut 40", "--context-from 32"],
     );
-    refused(&["--context-cut", "4", "--context-stride", "0"], &["--context-stride 0"]);
     refused(
-        &["--context-cut", "4", "--context-from", "500", "--max-len", "96"],
+        &["--context-cut", "4", "--context-stride", "0"],
+        &["--context-stride 0"],
+    );
+    refused(
+        &[
+            "--context-cut",
+            "4",
+            "--context-from",
+            "500",
+            "--max-len",
+            "96",
+        ],
         &["--context-from 500", "--max-len 96"],
     );
     refused(&["--context-cut", "x"], &["--context-cut"]);
-    refused(&["--ablate", "favor"], &["--ablate favor", "no local heads"]);
-    refused(&["--ablate", "local"], &["--ablate local", "no local heads"]);
+    refused(
+        &["--ablate", "favor"],
+        &["--ablate favor", "no local heads"],
+    );
+    refused(
+        &["--ablate", "local"],
+        &["--ablate local", "no local heads"],
+    );
     refused(&["--ablate", "mlp"], &["--ablate"]);
 }

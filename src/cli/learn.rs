@@ -402,7 +402,10 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
         r.model, r.positional, r.pieces, r.train_len
     );
     if let Some(ab) = r.ablate {
-        println!("ablated: the {} heads' output zeroed in every layer", ab.name());
+        println!(
+            "ablated: the {} heads' output zeroed in every layer",
+            ab.name()
+        );
     }
     println!("| positions | mean NLL | tokens |\n| --- | --- | --- |");
     for b in &r.bins {

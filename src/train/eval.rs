@@ -112,7 +112,10 @@ impl Ablation {
     /// `what`, the model) where the model has none of them or nothing else would be left.
     pub fn heads(self, cfg: &crate::model::ModelConfig, what: &str) -> Result<(i64, i64)> {
         let (hl, h) = (cfg.local_heads, cfg.n_heads);
-        let favor = matches!(cfg.attention, crate::model::config::AttentionKind::Favor { .. });
+        let favor = matches!(
+            cfg.attention,
+            crate::model::config::AttentionKind::Favor { .. }
+        );
         match self {
             Ablation::Favor if !favor => bail!(
                 "--ablate favor: {what} has no FAVOR+ heads (its global heads are exact softmax)"
@@ -154,10 +157,7 @@ pub fn ablate(
             .get(&name)
             .with_context(|| format!("--ablate: {what} has no variable {name}"))?;
         if w.size() != [d, d] {
-            bail!(
-                "--ablate: {what}: {name} is {:?}, not ({d}, {d})",
-                w.size()
-            );
+            bail!("--ablate: {what}: {name} is {:?}, not ({d}, {d})", w.size());
         }
         let cols = (end - start) * hd;
         tch::no_grad(|| {
@@ -244,10 +244,7 @@ pub fn check_context(
 ) -> Result<(Vec<usize>, usize)> {
     let set: BTreeSet<usize> = cuts.iter().copied().collect();
     if set.len() > MAX_CUTS {
-        bail!(
-            "--context-cut: at most {MAX_CUTS} cuts (got {})",
-            set.len()
-        );
+        bail!("--context-cut: at most {MAX_CUTS} cuts (got {})", set.len());
     }
     if let Some(&c) = set.iter().find(|&&c| c < 1) {
         bail!("--context-cut {c}: a cut must be at least 1 token");
@@ -328,7 +325,10 @@ pub fn context_gain(
         cut: overall.cut,
         ratio,
         by_type: types.iter().map(|(k, s)| (k.clone(), s.finish())).collect(),
-        by_source: sources.iter().map(|(k, s)| (k.clone(), s.finish())).collect(),
+        by_source: sources
+            .iter()
+            .map(|(k, s)| (k.clone(), s.finish()))
+            .collect(),
     }
 }
 
@@ -710,7 +710,9 @@ mod tests {
 
     /// Deterministic pseudo-random ids in 1..V (no PAD).
     fn ids(v: &Vocab, n: usize, seed: u64) -> Vec<u32> {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
                 x = x
@@ -728,7 +730,10 @@ mod tests {
             .iter()
             .map(|(_, w)| {
                 let mut at = vec![f64::NAN; w.len()];
-                for (s, p) in score_window(m, v, &table, w).iter().zip(scored_positions(w)) {
+                for (s, p) in score_window(m, v, &table, w)
+                    .iter()
+                    .zip(scored_positions(w))
+                {
                     at[p] = s.nll;
                 }
                 at
@@ -761,7 +766,10 @@ mod tests {
         for p in (10..33).step_by(3) {
             want += full[1][p];
         }
-        assert!((g.full - want / 18.0).abs() < 1e-12, "full is the full pass's");
+        assert!(
+            (g.full - want / 18.0).abs() < 1e-12,
+            "full is the full pass's"
+        );
         let whole = g.cut["64"];
         assert!(
             (whole - g.full).abs() < 1e-5 * g.full,
@@ -784,7 +792,10 @@ mod tests {
             assert!((f.cut["64"] - f.full).abs() < 1e-5 * f.full.max(1.0));
         }
         let table = context_table(&g);
-        assert!(table.contains("last 3") && table.contains("source folk"), "{table}");
+        assert!(
+            table.contains("last 3") && table.contains("source folk"),
+            "{table}"
+        );
     }
 
     #[test]
@@ -805,7 +816,10 @@ mod tests {
                 full[0][p]
             );
             let zero = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], 0)[0];
-            assert!((zero - full[0][p]).abs() > 1e-4, "p {p}: offset 0 scored alike");
+            assert!(
+                (zero - full[0][p]).abs() > 1e-4,
+                "p {p}: offset 0 scored alike"
+            );
         }
         // batched windows of one offset score as they do alone
         let (a, b) = (ids(&v, 9, 4), ids(&v, 9, 5));
@@ -829,14 +843,26 @@ mod tests {
                 .collect();
             let n = ablate(&vs, m.config(), ab, "tiny").unwrap();
             assert_eq!(n, 2 * 64 * 32);
-            let (lo, hi) = if ab == Ablation::Favor { (32, 64) } else { (0, 32) };
-            let keep = if ab == Ablation::Favor { (0, 32) } else { (32, 64) };
+            let (lo, hi) = if ab == Ablation::Favor {
+                (32, 64)
+            } else {
+                (0, 32)
+            };
+            let keep = if ab == Ablation::Favor {
+                (0, 32)
+            } else {
+                (32, 64)
+            };
             for (i, was) in outs.iter().enumerate() {
                 let now = &vs.variables()[&format!("layers.{i}.attn_out.weight")];
-                assert_eq!(now.narrow(1, lo, hi - lo).abs().sum(Kind::Float).double_value(&[]), 0.0);
-                assert!(now
-                    .narrow(1, keep.0, 32)
-                    .equal(&was.narrow(1, keep.0, 32)));
+                assert_eq!(
+                    now.narrow(1, lo, hi - lo)
+                        .abs()
+                        .sum(Kind::Float)
+                        .double_value(&[]),
+                    0.0
+                );
+                assert!(now.narrow(1, keep.0, 32).equal(&was.narrow(1, keep.0, 32)));
             }
             let after = mean_loss(&m, &v, &w);
             assert!((after - before).abs() > 1e-4, "{ab:?}: {before} -> {after}");
@@ -852,8 +878,8 @@ mod tests {
                     }
                 }
             });
-            let x = Tensor::from_slice(&w.iter().map(|&t| t as i64).collect::<Vec<_>>())
-                .view([1, -1]);
+            let x =
+                Tensor::from_slice(&w.iter().map(|&t| t as i64).collect::<Vec<_>>()).view([1, -1]);
             let (y1, y2) = tch::no_grad(|| (m.forward_t(&x, 0, false), m2.forward_t(&x, 0, false)));
             let diff = (y1 - y2).abs().max().double_value(&[]);
             assert!(diff < 1e-4, "{ab:?}: columns and values disagree by {diff}");
