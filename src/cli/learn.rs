@@ -126,6 +126,23 @@ pub struct EvalArgs {
     /// AVX512-BF16, f32 elsewhere), f32 or bf16.
     #[arg(long, value_enum, default_value_t = Precision::Auto)]
     pub precision: Precision,
+    /// Context gain: also score positions from --context-from on with only the last C
+    /// tokens as context (a fresh window at its absolute offset), next to the whole past;
+    /// one or more cuts, comma-separated (each at least 1 and below --context-from).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub context_cut: Vec<usize>,
+    /// First position the context gain scores (default: twice the largest cut, at
+    /// least 1024); below --max-len.
+    #[arg(long, requires = "context_cut")]
+    pub context_from: Option<usize>,
+    /// Score every S-th position from --context-from on (each costs a forward of C
+    /// tokens per cut).
+    #[arg(long, default_value_t = eval::DEFAULT_CONTEXT_STRIDE, requires = "context_cut")]
+    pub context_stride: usize,
+    /// Zero the output of these heads in every layer before scoring: favor (the FAVOR+
+    /// heads) or local (the local softmax heads).
+    #[arg(long, value_enum)]
+    pub ablate: Option<eval::Ablation>,
 }
 
 /// `cadenza continue-eval`.
@@ -357,22 +374,45 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
         };
         plan.check()?;
     }
-    let r = eval::evaluate(&eval::EvalOptions {
-        model_dir: a.model.clone(),
-        data: a.data,
-        max_len: a.max_len,
-        bin: a.bin,
-        min_len: a.min_len,
-        max_pieces: a.max_pieces,
-        device: device_name(a.device),
-        seed: a.seed,
-        threads: a.threads,
-        precision: a.precision,
-    })?;
+    let probes = eval::Probes {
+        context_cut: a.context_cut,
+        context_from: a.context_from,
+        context_stride: a.context_stride,
+        ablate: a.ablate,
+    };
+    if !probes.context_cut.is_empty() {
+        // refused before the model loads
+        eval::check_context(
+            &probes.context_cut,
+            probes.context_from,
+            probes.context_stride,
+        )?;
+    }
+    let r = eval::evaluate_probed(
+        &eval::EvalOptions {
+            model_dir: a.model.clone(),
+            data: a.data,
+            max_len: a.max_len,
+            bin: a.bin,
+            min_len: a.min_len,
+            max_pieces: a.max_pieces,
+            device: device_name(a.device),
+            seed: a.seed,
+            threads: a.threads,
+            precision: a.precision,
+        },
+        &probes,
+    )?;
     println!(
         "{} ({}), {} pieces, training length {}",
         r.model, r.positional, r.pieces, r.train_len
     );
+    if let Some(ab) = r.ablate {
+        println!(
+            "ablated: the {} heads' output zeroed in every layer",
+            ab.name()
+        );
+    }
     println!("| positions | mean NLL | tokens |\n| --- | --- | --- |");
     for b in &r.bins {
         println!(
@@ -392,6 +432,16 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
     }
     if let Some(v) = r.mean_beyond {
         println!("mean NLL beyond it:                  {v:.4}");
+    }
+    if let Some(g) = &r.context_gain {
+        println!(
+            "\ncontext gain: positions {}, {}, ... over {} pieces ({} positions)",
+            g.from,
+            g.from + g.stride,
+            g.pieces,
+            g.positions
+        );
+        print!("{}", eval::context_table(g));
     }
     if let Some(j) = &a.json {
         crate::train::checkpoint::write_json(j, &r)?;

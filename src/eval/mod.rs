@@ -265,6 +265,59 @@ pub fn score_window(
     })
 }
 
+/// NLL of `targets[b]` after `windows[b]`, each window a fresh forward at absolute
+/// positions `offset..offset + C` (every window of one call the same length C >= 1 and the
+/// same offset): one batched `forward_t` with the frozen noise, the logits of the last
+/// position scored. This is the "only the last C tokens" half of the context gain: the
+/// window starts at its absolute offset, so relative position codes see the lags of the
+/// full pass.
+pub fn last_token_nll(
+    model: &Transformer,
+    windows: &[&[u32]],
+    targets: &[u32],
+    offset: usize,
+) -> Vec<f64> {
+    assert_eq!(windows.len(), targets.len(), "one target per window");
+    let Some(c) = windows.first().map(|w| w.len()) else {
+        return Vec::new();
+    };
+    assert!(c >= 1, "windows of at least one token");
+    assert!(
+        windows.iter().all(|w| w.len() == c),
+        "windows of one length"
+    );
+    tch::no_grad(|| {
+        let x: Vec<i64> = windows
+            .iter()
+            .flat_map(|w| w.iter().map(|&t| t as i64))
+            .collect();
+        let x = Tensor::from_slice(&x)
+            .view([windows.len() as i64, c as i64])
+            .to_device(model.device());
+        let last = model
+            .forward_t(&x, offset as i64, false)
+            .select(1, c as i64 - 1)
+            .to_kind(Kind::Float)
+            .to_device(tch::Device::Cpu); // (B, V)
+        let logp = last.log_softmax(-1, Kind::Float);
+        let t: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
+        let nll = -logp
+            .gather(-1, &Tensor::from_slice(&t).unsqueeze(-1), false)
+            .squeeze_dim(-1);
+        Vec::<f32>::try_from(nll)
+            .unwrap_or_default()
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    })
+}
+
+/// The absolute position of each target [`score_window`] scores, in its order: the
+/// positions t >= 1 of `ids` whose token is not PAD.
+pub fn scored_positions(ids: &[u32]) -> Vec<usize> {
+    (1..ids.len()).filter(|&t| ids[t] != PAD_ID).collect()
+}
+
 /// First component of a piece's source path: the collection it came from
 /// ("folk", "classical", ...), or "." for a bare file name.
 pub fn source_group(source: &str) -> String {

@@ -1,10 +1,28 @@
 //! Per-position negative log-likelihood on held-out pieces: the measurement
 //! behind SPE's claim that a model keeps working beyond its training length.
+//!
+//! Two optional measurements ride on the same pass:
+//! * **Context gain** ([`ContextGain`], `--context-cut C`): positions p = from,
+//!   from + stride, ... (p <= `max_len`) of every piece long enough are scored with
+//!   the whole past (the ordinary forward over the piece from its start) and with
+//!   only the last C tokens (tokens p-C..p-1 as a fresh window at absolute offset
+//!   p-C, whose last logits score token p). Both figures are means over exactly
+//!   the same positions, so they are paired; cut windows are batched only with
+//!   windows of the same offset (the same p in other pieces), so every window sees
+//!   the absolute positions, and hence the lags, of the full pass. With C >= p the
+//!   cut window is the whole past and the two figures agree (up to float sums).
+//! * **Ablation** ([`Ablation`], `--ablate favor|local`): after loading, the input
+//!   columns of every layer's `layers.{i}.attn_out.weight` that read the FAVOR+
+//!   (or the local) heads are zeroed. The heads are concatenated in head order
+//!   before that projection, local heads 0..local_heads first, each `head_dim`
+//!   wide, so head h owns columns h*head_dim..(h+1)*head_dim.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
 
 use super::checkpoint::{self, LoadedModel};
 use super::data;
@@ -30,6 +48,326 @@ pub struct EvalOptions {
     pub threads: usize,
     /// Precision of the dense products (`auto` resolved for the device).
     pub precision: crate::model::Precision,
+}
+
+/// What [`evaluate_probed`] measures beyond [`evaluate`]: the context gain and an
+/// ablation (the default: neither).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probes {
+    /// Context gain: the cuts C (empty: not measured) ...
+    pub context_cut: Vec<usize>,
+    /// ... from this position on (default: [`default_context_from`]) ...
+    pub context_from: Option<usize>,
+    /// ... every this many positions.
+    pub context_stride: usize,
+    /// Heads whose output is zeroed before scoring (none: the model as it is).
+    pub ablate: Option<Ablation>,
+}
+
+impl Default for Probes {
+    fn default() -> Self {
+        Probes {
+            context_cut: Vec::new(),
+            context_from: None,
+            context_stride: DEFAULT_CONTEXT_STRIDE,
+            ablate: None,
+        }
+    }
+}
+
+/// Default `--context-stride`.
+pub const DEFAULT_CONTEXT_STRIDE: usize = 16;
+
+/// Cut windows per forward call (at most; fewer when fewer pieces reach a position).
+pub const CUT_BATCH: usize = 16;
+
+/// Most `--context-cut` values in one run (each costs a forward of C tokens per position).
+pub const MAX_CUTS: usize = 16;
+
+/// Default first scored position of the context gain: twice the largest cut, at least 1,024.
+pub fn default_context_from(cuts: &[usize]) -> usize {
+    (2 * cuts.iter().copied().max().unwrap_or(0)).max(1024)
+}
+
+/// The heads an ablation silences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Ablation {
+    /// The FAVOR+ heads (heads local_heads..n_heads).
+    Favor,
+    /// The local softmax heads (heads 0..local_heads).
+    Local,
+}
+
+impl Ablation {
+    /// The name used on the command line and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ablation::Favor => "favor",
+            Ablation::Local => "local",
+        }
+    }
+
+    /// The heads `start..end` this ablation zeroes in a model of `cfg`, refused (naming
+    /// `what`, the model) where the model has none of them or nothing else would be left.
+    pub fn heads(self, cfg: &crate::model::ModelConfig, what: &str) -> Result<(i64, i64)> {
+        let (hl, h) = (cfg.local_heads, cfg.n_heads);
+        let favor = matches!(
+            cfg.attention,
+            crate::model::config::AttentionKind::Favor { .. }
+        );
+        match self {
+            Ablation::Favor if !favor => bail!(
+                "--ablate favor: {what} has no FAVOR+ heads (its global heads are exact softmax)"
+            ),
+            Ablation::Favor if hl == h => {
+                bail!("--ablate favor: {what} has no FAVOR+ heads (all {h} heads are local)")
+            }
+            Ablation::Favor if hl == 0 => bail!(
+                "--ablate favor: {what} has no local heads, so zeroing its FAVOR+ heads would \
+                 zero the whole attention output"
+            ),
+            Ablation::Favor => Ok((hl, h)),
+            Ablation::Local if hl == 0 => bail!("--ablate local: {what} has no local heads"),
+            Ablation::Local if hl == h => bail!(
+                "--ablate local: all {h} heads of {what} are local, so zeroing them would zero \
+                 the whole attention output"
+            ),
+            Ablation::Local => Ok((0, hl)),
+        }
+    }
+}
+
+/// Zeroes, in every layer, the input columns of `layers.{i}.attn_out.weight` that read
+/// the heads of `ablation` (see the module docs for the layout). Returns the number of
+/// weights zeroed.
+pub fn ablate(
+    vs: &VarStore,
+    cfg: &crate::model::ModelConfig,
+    ablation: Ablation,
+    what: &str,
+) -> Result<usize> {
+    let (start, end) = ablation.heads(cfg, what)?;
+    let (d, hd) = (cfg.d_model, cfg.head_dim());
+    let vars = vs.variables();
+    let mut zeroed = 0;
+    for i in 0..cfg.n_layers {
+        let name = format!("layers.{i}.attn_out.weight");
+        let w = vars
+            .get(&name)
+            .with_context(|| format!("--ablate: {what} has no variable {name}"))?;
+        if w.size() != [d, d] {
+            bail!("--ablate: {what}: {name} is {:?}, not ({d}, {d})", w.size());
+        }
+        let cols = (end - start) * hd;
+        tch::no_grad(|| {
+            let _ = w.narrow(1, start * hd, cols).zero_();
+        });
+        zeroed += (d * cols) as usize;
+    }
+    Ok(zeroed)
+}
+
+/// Mean NLL with the whole past and with each cut, over one set of positions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GainFigures {
+    /// Positions scored.
+    pub positions: u64,
+    /// Mean NLL with the whole past.
+    pub full: f64,
+    /// Mean NLL with only the last C tokens, keyed by C.
+    pub cut: BTreeMap<String, f64>,
+}
+
+/// The context gain (see the module docs): overall, per token type of the target and per
+/// source group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextGain {
+    /// First scored position.
+    pub from: usize,
+    /// Distance between scored positions.
+    pub stride: usize,
+    /// Positions scored over all pieces.
+    pub positions: u64,
+    /// Pieces with at least one scored position.
+    pub pieces: usize,
+    /// Mean NLL with the whole past.
+    pub full: f64,
+    /// Mean NLL with only the last C tokens, keyed by C.
+    pub cut: BTreeMap<String, f64>,
+    /// cut / full, keyed by C (above 1: the tokens beyond C back help).
+    pub ratio: BTreeMap<String, f64>,
+    /// The same per type of the target token.
+    pub by_type: BTreeMap<String, GainFigures>,
+    /// The same per source group.
+    pub by_source: BTreeMap<String, GainFigures>,
+}
+
+/// Running sums behind [`GainFigures`]: (full sum, per-cut sums, count).
+#[derive(Debug, Clone, Default)]
+struct GainSums {
+    full: f64,
+    cut: BTreeMap<usize, f64>,
+    n: u64,
+}
+
+impl GainSums {
+    fn add(&mut self, full: f64, cut: usize, nll: f64, first_cut: bool) {
+        if first_cut {
+            self.full += full;
+            self.n += 1;
+        }
+        *self.cut.entry(cut).or_default() += nll;
+    }
+
+    fn finish(&self) -> GainFigures {
+        let n = self.n.max(1) as f64;
+        GainFigures {
+            positions: self.n,
+            full: self.full / n,
+            cut: self
+                .cut
+                .iter()
+                .map(|(c, s)| (c.to_string(), s / n))
+                .collect(),
+        }
+    }
+}
+
+/// Refuses cuts, first position and stride that make no sense: a cut below 1 or not
+/// below `from`, a stride below 1, more than [`MAX_CUTS`] cuts; returns the sorted
+/// distinct cuts and `from`.
+pub fn check_context(
+    cuts: &[usize],
+    from: Option<usize>,
+    stride: usize,
+) -> Result<(Vec<usize>, usize)> {
+    let set: BTreeSet<usize> = cuts.iter().copied().collect();
+    if set.len() > MAX_CUTS {
+        bail!("--context-cut: at most {MAX_CUTS} cuts (got {})", set.len());
+    }
+    if let Some(&c) = set.iter().find(|&&c| c < 1) {
+        bail!("--context-cut {c}: a cut must be at least 1 token");
+    }
+    let from = from.unwrap_or_else(|| default_context_from(cuts));
+    if let Some(&c) = set.iter().find(|&&c| c >= from) {
+        bail!(
+            "--context-cut {c}: a cut must be below the first scored position \
+             (--context-from {from}), or it would not cut anything"
+        );
+    }
+    if stride < 1 {
+        bail!("--context-stride {stride}: must be at least 1");
+    }
+    Ok((set.into_iter().collect(), from))
+}
+
+/// The context gain of `model` over `windows` (source, tokens from the piece's start),
+/// `full[k][p]` being the NLL of token p of window k with the whole past (NaN where not
+/// scored). Positions p = from, from + stride, ... below each window's length; cut C sees
+/// tokens max(0, p-C)..p at their absolute offset. `cuts` must be sorted, distinct and >= 1.
+pub fn context_gain(
+    model: &crate::model::Transformer,
+    vocab: &crate::tokenizer::Vocab,
+    windows: &[(String, Vec<u32>)],
+    full: &[Vec<f64>],
+    cuts: &[usize],
+    from: usize,
+    stride: usize,
+) -> ContextGain {
+    assert!(stride >= 1 && cuts.iter().all(|&c| c >= 1));
+    let longest = windows.iter().map(|(_, w)| w.len()).max().unwrap_or(0);
+    let mut all = GainSums::default();
+    let mut types: BTreeMap<String, GainSums> = BTreeMap::new();
+    let mut sources: BTreeMap<String, GainSums> = BTreeMap::new();
+    let mut used = BTreeSet::new();
+    for p in (from.max(1)..longest).step_by(stride) {
+        // the pieces that reach p (and whose full pass scored it)
+        let at: Vec<usize> = (0..windows.len())
+            .filter(|&k| windows[k].1.len() > p && !full[k][p].is_nan())
+            .collect();
+        for (ci, &c) in cuts.iter().enumerate() {
+            let start = p.saturating_sub(c);
+            for batch in at.chunks(CUT_BATCH) {
+                let ws: Vec<&[u32]> = batch.iter().map(|&k| &windows[k].1[start..p]).collect();
+                let ts: Vec<u32> = batch.iter().map(|&k| windows[k].1[p]).collect();
+                let nll = crate::eval::last_token_nll(model, &ws, &ts, start);
+                for (&k, &v) in batch.iter().zip(&nll) {
+                    let f = full[k][p];
+                    let kind = vocab
+                        .kind(windows[k].1[p])
+                        .unwrap_or(crate::tokenizer::TokenType::Pad)
+                        .to_string();
+                    let first = ci == 0;
+                    all.add(f, c, v, first);
+                    types.entry(kind).or_default().add(f, c, v, first);
+                    sources
+                        .entry(crate::eval::source_group(&windows[k].0))
+                        .or_default()
+                        .add(f, c, v, first);
+                    used.insert(k);
+                }
+            }
+        }
+    }
+    let overall = all.finish();
+    let ratio = overall
+        .cut
+        .iter()
+        .map(|(c, v)| (c.clone(), v / overall.full))
+        .collect();
+    ContextGain {
+        from,
+        stride,
+        positions: overall.positions,
+        pieces: used.len(),
+        full: overall.full,
+        cut: overall.cut,
+        ratio,
+        by_type: types.iter().map(|(k, s)| (k.clone(), s.finish())).collect(),
+        by_source: sources
+            .iter()
+            .map(|(k, s)| (k.clone(), s.finish()))
+            .collect(),
+    }
+}
+
+/// The context gain as a markdown table: one row overall, then one per token type and
+/// per source group; columns full NLL, then per cut its NLL and its ratio to full.
+pub fn context_table(g: &ContextGain) -> String {
+    let mut out = String::from("| positions | n | full past |");
+    let mut rule = String::from("| --- | ---: | ---: |");
+    for c in g.cut.keys() {
+        out.push_str(&format!(" last {c} | ratio |"));
+        rule.push_str(" ---: | ---: |");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
+    let mut row = |name: &str, f: &GainFigures| {
+        out.push_str(&format!("| {name} | {} | {:.4} |", f.positions, f.full));
+        for v in f.cut.values() {
+            out.push_str(&format!(" {v:.4} | {:.3} |", v / f.full));
+        }
+        out.push('\n');
+    };
+    row(
+        "all",
+        &GainFigures {
+            positions: g.positions,
+            full: g.full,
+            cut: g.cut.clone(),
+        },
+    );
+    for (k, f) in &g.by_type {
+        row(k, f);
+    }
+    if g.by_source.len() > 1 {
+        for (k, f) in &g.by_source {
+            row(&format!("source {k}"), f);
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -62,6 +400,12 @@ pub struct EvalReport {
     /// and the same per source collection (`by_source`).
     #[serde(flatten)]
     pub metrics: GroupedMetrics,
+    /// The heads silenced before scoring (`--ablate`; absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ablate: Option<Ablation>,
+    /// The context gain (`--context-cut`; absent when not asked for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_gain: Option<ContextGain>,
 }
 
 fn mean_over(sums: &[f64], counts: &[u64], from: usize, to: usize) -> Option<f64> {
@@ -142,10 +486,30 @@ pub fn eval_pieces(data: &[PathBuf], m: &LoadedModel) -> Result<(String, Vec<dat
     Ok((format!("{} MIDI files", files.len()), pieces))
 }
 
+/// Scores the model of `o` on its pieces (no context gain, no ablation).
 pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
+    evaluate_probed(o, &Probes::default())
+}
+
+/// [`evaluate`], with the context gain and the ablation of `probes`.
+pub fn evaluate_probed(o: &EvalOptions, probes: &Probes) -> Result<EvalReport> {
     let device = checkpoint::parse_device(o.device.as_deref())?;
     super::set_threads(o.threads);
+    let context = if probes.context_cut.is_empty() {
+        None
+    } else {
+        Some(check_context(
+            &probes.context_cut,
+            probes.context_from,
+            probes.context_stride,
+        )?)
+    };
     let mut m = checkpoint::load_model(&o.model_dir, device)?;
+    if let Some(a) = probes.ablate {
+        let what = o.model_dir.display().to_string();
+        let n = ablate(&m.vs, &m.config.model, a, &what)?;
+        tracing::info!("--ablate {}: {n} weights of attn_out zeroed", a.name());
+    }
     m.model.freeze(o.seed);
     let precision = m.model.set_precision(o.precision);
     tracing::info!("precision: {precision}");
@@ -153,6 +517,14 @@ pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
     let max_len = o.max_len.unwrap_or(2 * train_len);
     if o.bin == 0 || max_len == 0 {
         bail!("--bin and --max-len must be positive");
+    }
+    if let Some((_, from)) = &context {
+        if *from >= max_len {
+            bail!(
+                "--context-from {from}: no position to score below --max-len {max_len} \
+                 (raise --max-len or lower the cut)"
+            );
+        }
     }
     let (what, pieces) = eval_pieces(&o.data, &m)?;
     let pieces: Vec<_> = pieces
@@ -175,18 +547,45 @@ pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
     let table = crate::eval::PitchTable::new(&m.vocab);
     let mut groups: std::collections::BTreeMap<String, crate::eval::Accumulator> =
         Default::default();
+    // per window, the NLL of each token with the whole past (NaN: not scored)
+    let mut full: Vec<Vec<f64>> = Vec::new();
     for (source, ids) in &windows {
         let acc = groups.entry(crate::eval::source_group(source)).or_default();
-        for (i, s) in crate::eval::score_window(&m.model, &m.vocab, &table, ids)
-            .iter()
-            .enumerate()
-        {
-            sums[i] += s.nll;
-            counts[i] += 1;
+        let scored = crate::eval::score_window(&m.model, &m.vocab, &table, ids);
+        let mut at = vec![f64::NAN; ids.len()];
+        for (s, p) in scored.iter().zip(crate::eval::scored_positions(ids)) {
+            // (bin index p - 1: the input position whose logits predict token p)
+            sums[p - 1] += s.nll;
+            counts[p - 1] += 1;
             acc.add(s);
+            at[p] = s.nll;
+        }
+        if context.is_some() {
+            full.push(at);
         }
     }
     let metrics = GroupedMetrics::from_groups(&groups);
+    let context_gain = match &context {
+        Some((cuts, from)) => {
+            let g = context_gain(
+                &m.model,
+                &m.vocab,
+                &windows,
+                &full,
+                cuts,
+                *from,
+                probes.context_stride,
+            );
+            if g.positions == 0 {
+                bail!(
+                    "{what}: no piece reaches position {from} (--context-from) within \
+                     --max-len {max_len}"
+                );
+            }
+            Some(g)
+        }
+        None => None,
+    };
     let bins = (0..max_len)
         .step_by(o.bin)
         .filter_map(|start| {
@@ -213,6 +612,8 @@ pub fn evaluate(o: &EvalOptions) -> Result<EvalReport> {
         mean_1x_2x: mean_over(&sums, &counts, train_len, 2 * train_len),
         mean_2x_4x: mean_over(&sums, &counts, 2 * train_len, 4 * train_len),
         metrics,
+        ablate: probes.ablate,
+        context_gain,
     })
 }
 
@@ -267,4 +668,262 @@ pub fn markdown_table(reports: &[EvalReport]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::{score_window, scored_positions, PitchTable};
+    use crate::model::config::{AttentionKind, LocalPosition};
+    use crate::model::{ModelConfig, Transformer};
+    use crate::tokenizer::{RemiConfig, Vocab};
+    use tch::{nn::VarStore, Device, Kind, Tensor};
+
+    fn vocab() -> Vocab {
+        Vocab::new(RemiConfig::default()).unwrap()
+    }
+
+    /// A tiny model (4 heads of 16, 2 layers), `local` of them RoPE local heads of
+    /// `window` tokens, with weights scaled up so that its predictions depend on the
+    /// context more than a fresh model's (std 0.02) do.
+    fn model(v: &Vocab, pos: &str, local: i64, window: i64) -> (VarStore, Transformer) {
+        let mut cfg = ModelConfig::preset("tiny", v.len() as i64)
+            .unwrap()
+            .with_positional(pos)
+            .unwrap();
+        cfg.chunk_size = 16;
+        cfg.local_heads = local;
+        cfg.local_window = if local > 0 { window } else { 0 };
+        cfg.local_position = LocalPosition::Rope;
+        cfg.validate().unwrap();
+        let vs = VarStore::new(Device::Cpu);
+        let m = Transformer::new(&vs.root(), &cfg).unwrap();
+        tch::no_grad(|| {
+            for (name, w) in vs.variables() {
+                if name.contains("attn_") || name.contains("tok_embed") {
+                    let _ = w.shallow_clone().g_mul_scalar_(8.0);
+                }
+            }
+        });
+        (vs, m)
+    }
+
+    /// Deterministic pseudo-random ids in 1..V (no PAD).
+    fn ids(v: &Vocab, n: usize, seed: u64) -> Vec<u32> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                1 + ((x >> 33) % (v.len() as u64 - 1)) as u32
+            })
+            .collect()
+    }
+
+    /// Per window, the NLL of each token with the whole past, as `evaluate` keeps it.
+    fn full_nll(m: &Transformer, v: &Vocab, windows: &[(String, Vec<u32>)]) -> Vec<Vec<f64>> {
+        let table = PitchTable::new(v);
+        windows
+            .iter()
+            .map(|(_, w)| {
+                let mut at = vec![f64::NAN; w.len()];
+                for (s, p) in score_window(m, v, &table, w)
+                    .iter()
+                    .zip(scored_positions(w))
+                {
+                    at[p] = s.nll;
+                }
+                at
+            })
+            .collect()
+    }
+
+    fn mean_loss(m: &Transformer, v: &Vocab, w: &[u32]) -> f64 {
+        let s = score_window(m, v, &PitchTable::new(v), w);
+        s.iter().map(|s| s.nll).sum::<f64>() / s.len() as f64
+    }
+
+    #[test]
+    fn a_cut_longer_than_the_past_is_the_full_pass() {
+        let v = vocab();
+        let (_vs, m) = model(&v, "spe-sine", 2, 8);
+        let windows: Vec<(String, Vec<u32>)> = vec![
+            ("folk/a.mid".into(), ids(&v, 40, 1)),
+            ("classical/b.mid".into(), ids(&v, 33, 2)),
+        ];
+        let full = full_nll(&m, &v, &windows);
+        // cut 64 >= every p: the window is the whole past; cut 3 is a real cut
+        let g = context_gain(&m, &v, &windows, &full, &[3, 64], 10, 3);
+        // p = 10, 13, ..., 37 in the first piece (10 positions), up to 31 in the second (8)
+        assert_eq!((g.positions, g.pieces), (18, 2));
+        let mut want = 0.0;
+        for p in (10..40).step_by(3) {
+            want += full[0][p];
+        }
+        for p in (10..33).step_by(3) {
+            want += full[1][p];
+        }
+        assert!(
+            (g.full - want / 18.0).abs() < 1e-12,
+            "full is the full pass's"
+        );
+        let whole = g.cut["64"];
+        assert!(
+            (whole - g.full).abs() < 1e-5 * g.full,
+            "cut >= past: {whole} vs full {}",
+            g.full
+        );
+        assert!((g.ratio["64"] - 1.0).abs() < 1e-5);
+        let short = g.cut["3"];
+        assert!(
+            (short - g.full).abs() > 1e-3,
+            "a 3-token cut changed nothing: {short} vs {}",
+            g.full
+        );
+        // per type and per source: the same positions split, every cut on each
+        let n: u64 = g.by_type.values().map(|f| f.positions).sum();
+        assert_eq!(n, 18);
+        assert_eq!(g.by_source.len(), 2);
+        assert_eq!(g.by_source["folk"].positions, 10);
+        for f in g.by_type.values().chain(g.by_source.values()) {
+            assert!((f.cut["64"] - f.full).abs() < 1e-5 * f.full.max(1.0));
+        }
+        let table = context_table(&g);
+        assert!(
+            table.contains("last 3") && table.contains("source folk"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn cut_windows_sit_at_their_absolute_offset() {
+        // All heads local (window 4, 2 layers: 7 tokens of receptive field) with APE: a
+        // cut of 8 sees all the full pass sees, at the same absolute positions, so it
+        // scores alike; at offset 0 the APE codes differ, and so do the scores.
+        let v = vocab();
+        let (_vs, m) = model(&v, "ape", 4, 4);
+        let w = ids(&v, 30, 3);
+        let full = full_nll(&m, &v, &[("a".into(), w.clone())]);
+        for p in [12usize, 20, 29] {
+            let c = 8;
+            let at = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], p - c)[0];
+            assert!(
+                (at - full[0][p]).abs() < 1e-4,
+                "p {p}: {at} vs {}",
+                full[0][p]
+            );
+            let zero = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], 0)[0];
+            assert!(
+                (zero - full[0][p]).abs() > 1e-4,
+                "p {p}: offset 0 scored alike"
+            );
+        }
+        // batched windows of one offset score as they do alone
+        let (a, b) = (ids(&v, 9, 4), ids(&v, 9, 5));
+        let both = crate::eval::last_token_nll(&m, &[&a[..8], &b[..8]], &[a[8], b[8]], 5);
+        let one = crate::eval::last_token_nll(&m, &[&b[..8]], &[b[8]], 5);
+        assert!((both[1] - one[0]).abs() < 1e-5);
+    }
+
+    #[test]
+    fn ablation_zeroes_the_heads_columns_and_matches_silent_values() {
+        let v = vocab();
+        let w = ids(&v, 48, 7);
+        for ab in [Ablation::Favor, Ablation::Local] {
+            let (vs, m) = model(&v, "spe-sine", 2, 8);
+            // the same weights, for the layout check below
+            let (mut vs2, m2) = model(&v, "spe-sine", 2, 8);
+            vs2.copy(&vs).unwrap();
+            let before = mean_loss(&m, &v, &w);
+            let outs: Vec<Tensor> = (0..2)
+                .map(|i| vs.variables()[&format!("layers.{i}.attn_out.weight")].copy())
+                .collect();
+            let n = ablate(&vs, m.config(), ab, "tiny").unwrap();
+            assert_eq!(n, 2 * 64 * 32);
+            let (lo, hi) = if ab == Ablation::Favor {
+                (32, 64)
+            } else {
+                (0, 32)
+            };
+            let keep = if ab == Ablation::Favor {
+                (0, 32)
+            } else {
+                (32, 64)
+            };
+            for (i, was) in outs.iter().enumerate() {
+                let now = &vs.variables()[&format!("layers.{i}.attn_out.weight")];
+                assert_eq!(
+                    now.narrow(1, lo, hi - lo)
+                        .abs()
+                        .sum(Kind::Float)
+                        .double_value(&[]),
+                    0.0
+                );
+                assert!(now.narrow(1, keep.0, 32).equal(&was.narrow(1, keep.0, 32)));
+            }
+            let after = mean_loss(&m, &v, &w);
+            assert!((after - before).abs() > 1e-4, "{ab:?}: {before} -> {after}");
+
+            // The layout check: the same heads silenced by zeroing their values (rows
+            // 2d + h*hd.. of attn_qkv) give the same logits.
+            tch::no_grad(|| {
+                for i in 0..2 {
+                    let vars = vs2.variables();
+                    for part in ["weight", "bias"] {
+                        let t = &vars[&format!("layers.{i}.attn_qkv.{part}")];
+                        let _ = t.narrow(0, 128 + lo, hi - lo).zero_();
+                    }
+                }
+            });
+            let x =
+                Tensor::from_slice(&w.iter().map(|&t| t as i64).collect::<Vec<_>>()).view([1, -1]);
+            let (y1, y2) = tch::no_grad(|| (m.forward_t(&x, 0, false), m2.forward_t(&x, 0, false)));
+            let diff = (y1 - y2).abs().max().double_value(&[]);
+            assert!(diff < 1e-4, "{ab:?}: columns and values disagree by {diff}");
+        }
+    }
+
+    #[test]
+    fn ablations_without_the_heads_are_refused() {
+        let v = vocab();
+        let tiny = |local: i64| {
+            let mut c = ModelConfig::preset("tiny", v.len() as i64).unwrap();
+            c.local_heads = local;
+            c.local_window = if local > 0 { 8 } else { 0 };
+            c
+        };
+        let err = |c: &ModelConfig, a: Ablation| format!("{:#}", a.heads(c, "m").unwrap_err());
+        assert!(err(&tiny(0), Ablation::Favor).contains("no local heads"));
+        assert!(err(&tiny(0), Ablation::Favor).contains("zero the whole"));
+        assert!(err(&tiny(4), Ablation::Favor).contains("no FAVOR+ heads"));
+        assert!(err(&tiny(0), Ablation::Local).contains("no local heads"));
+        assert!(err(&tiny(4), Ablation::Local).contains("zero the whole"));
+        let mut soft = tiny(2);
+        soft.attention = AttentionKind::Softmax;
+        assert!(err(&soft, Ablation::Favor).contains("exact softmax"));
+        assert_eq!(Ablation::Local.heads(&soft, "m").unwrap(), (0, 2));
+        assert_eq!(Ablation::Favor.heads(&tiny(1), "m").unwrap(), (1, 4));
+    }
+
+    #[test]
+    fn context_flags_are_checked() {
+        let e = |c: &[usize], f: Option<usize>, s: usize| {
+            format!("{:#}", check_context(c, f, s).unwrap_err())
+        };
+        assert!(e(&[0], None, 16).contains("--context-cut 0"));
+        assert!(e(&[100, 2000], Some(1500), 16).contains("--context-cut 2000"));
+        assert!(e(&[512], Some(512), 16).contains("--context-from 512"));
+        assert!(e(&[8], None, 0).contains("--context-stride 0"));
+        let many: Vec<usize> = (1..=20).collect();
+        assert!(e(&many, None, 1).contains("at most"));
+        assert_eq!(
+            check_context(&[512, 128, 512], None, 16).unwrap(),
+            (vec![128, 512], 1024)
+        );
+        assert_eq!(check_context(&[700], None, 1).unwrap().1, 1400);
+        assert_eq!(check_context(&[5], Some(6), 1).unwrap().1, 6);
+    }
 }
