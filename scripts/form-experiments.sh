@@ -10,10 +10,10 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/cadenza}
 DATA=${DATA:-runs/corpus-data-remi-compact}
 OUT=${OUT:-runs/form}
-STEPS=${STEPS:-300}
+STEPS=${STEPS:-150}
 LR=${LR:-3e-4}
 rows=("$@")
-[ ${#rows[@]} -gt 0 ] || rows=(base512 music512 base2048 music2048)
+[ ${#rows[@]} -gt 0 ] || rows=(music512 base512 music2048 base2048)
 mkdir -p "$OUT"
 for row in "${rows[@]}"; do
     case $row in
