@@ -918,8 +918,11 @@ fn init_carries_the_weights_into_a_musical_rope_run_that_generates() {
     let sa = train::train(&a).unwrap();
 
     // one step at a vanishing rate from a's weights: b starts where a ended
+    let still = tmp.path().join("still.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap() + "min_lr = 1e-10\nwarmup_steps = 0\n";
+    std::fs::write(&still, text).unwrap();
     let mut b = tiny_opts(&tmp.path().join("b"), &data, 1);
-    b.config_file = Some(cfg.clone());
+    b.config_file = Some(still.clone());
     b.init = Some(tmp.path().join("a"));
     b.lr = Some(1e-9);
     let sb = train::train(&b).unwrap();
@@ -929,7 +932,7 @@ fn init_carries_the_weights_into_a_musical_rope_run_that_generates() {
     assert!(vb < 0.6 * uniform, "{vb} against uniform {uniform}");
     // the same run from fresh weights is far behind
     let mut c = tiny_opts(&tmp.path().join("c"), &data, 1);
-    c.config_file = Some(cfg);
+    c.config_file = Some(still);
     c.lr = Some(1e-9);
     let vc = train::train(&c).unwrap().last_val_loss.unwrap();
     assert!(vc > vb + 0.5, "fresh {vc} against init {vb}");
