@@ -927,7 +927,10 @@ fn init_carries_the_weights_into_a_musical_rope_run_that_generates() {
     b.lr = Some(1e-9);
     let sb = train::train(&b).unwrap();
     let (va, vb) = (sa.last_val_loss.unwrap(), sb.last_val_loss.unwrap());
-    assert!((va - vb).abs() < 0.02 * va, "a ended at {va}, b from it at {vb}");
+    assert!(
+        (va - vb).abs() < 0.02 * va,
+        "a ended at {va}, b from it at {vb}"
+    );
     let uniform = (vocab.len() as f64).ln();
     assert!(vb < 0.6 * uniform, "{vb} against uniform {uniform}");
     // the same run from fresh weights is far behind

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Evaluates issue 25's rows (scripts/form-experiments.sh) and the shipped model on the
+# same pieces: held-out loss over the first 1,024 tokens of 100 held-out pieces, the same
+# with the FAVOR+ heads zeroed, the context gain of the whole past over the last 512
+# tokens at positions 1,024-2,048 of 6 long classical pieces, and the strain return of
+# 8-bar continuations of 8-bar prompts of 60 held-out folk tunes. Then the table:
+# python3 scripts/form_table.py runs/form
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release/cadenza}
+OUT=${OUT:-runs/form}
+CORPUS=${CADENZA_CORPUS:-../shared/corpus}
+FOLK=$OUT/heldout-folk
+[ -d "$FOLK" ] || { echo "make $FOLK first (the held-out folk tunes; docs/learning.md)" >&2; exit 2; }
+rows=("$@")
+[ ${#rows[@]} -gt 0 ] || rows=(shipped base512 music512 base2048 music2048)
+for row in "${rows[@]}"; do
+    model=$OUT/$row
+    [ "$row" = shipped ] && model=models/cadenza-small
+    echo "== $row"
+    common=(--device cpu --threads "${THREADS:-2}")
+    "$BIN" eval --model "$model" --max-pieces 100 --max-len 1024 "${common[@]}" \
+        --json "$OUT/eval-$row.json" > /dev/null
+    "$BIN" eval --model "$model" --max-pieces 100 --max-len 1024 --ablate favor "${common[@]}" \
+        --json "$OUT/ablate-$row.json" > /dev/null
+    "$BIN" eval --model "$model" --data "$CORPUS/classical/palestrina" "$CORPUS/classical/trecento" \
+        --min-len 2048 --max-len 2048 --max-pieces 6 --context-cut 512 "${common[@]}" \
+        --json "$OUT/ctx-$row.json" > /dev/null
+    "$BIN" continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
+        "${common[@]}" --json "$OUT/cont-$row.json" > /dev/null
+done
