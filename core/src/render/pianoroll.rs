@@ -388,15 +388,16 @@ pub(crate) fn layout(score: &Score, tempo: &TempoMap, opts: &PianoRollOptions) -
     }
 }
 
-/// Fills the pixels [x0, x1) x [y0, y1).
-fn fill(area: &Area, x0: i32, y0: i32, x1: i32, y1: i32, c: Rgb) -> DrawResult {
+/// Fills the pixels [x0, x1) x [y0, y1) (nothing when the box is empty).
+pub(crate) fn fill(area: &Area, x0: i32, y0: i32, x1: i32, y1: i32, c: Rgb) -> DrawResult {
     if x1 > x0 && y1 > y0 {
         area.draw(&Rectangle::new([(x0, y0), (x1, y1)], colour(c).filled()))?;
     }
     Ok(())
 }
 
-fn text(s: &str, size: f64, c: Rgb, align: HPos) -> Text<'_> {
+/// A label in colour `c`, aligned at its anchor by `align`.
+pub(crate) fn text(s: &str, size: f64, c: Rgb, align: HPos) -> Text<'_> {
     Text {
         text: s,
         size,

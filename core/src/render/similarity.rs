@@ -19,11 +19,10 @@
 use std::path::Path;
 
 use anyhow::{bail, Result};
-use plotters::prelude::*;
 use plotters::style::text_anchor::HPos;
 
-use super::font::{text_width, Direction, Text};
-use super::pianoroll::{self, PianoRollOptions, BG, DIM_TEXT, TEXT};
+use super::font::{text_width, Direction};
+use super::pianoroll::{self, fill, text, PianoRollOptions, BG, DIM_TEXT, TEXT};
 use super::picture::{colour, draw_png, Area, DrawResult, Rgb};
 use super::TempoMap;
 use crate::midi::Score;
@@ -135,22 +134,6 @@ impl MatrixLayout {
         let n = self.bars.max(1);
         let at = |k: usize| (k * self.side as usize).div_ceil(n) as u32;
         (at(b), at(b + 1).max(at(b) + 1).min(self.side))
-    }
-}
-
-fn fill(area: &Area, x0: i32, y0: i32, x1: i32, y1: i32, c: Rgb) -> DrawResult {
-    if x1 > x0 && y1 > y0 {
-        area.draw(&Rectangle::new([(x0, y0), (x1, y1)], colour(c).filled()))?;
-    }
-    Ok(())
-}
-
-fn text(s: &str, size: f64, c: Rgb, align: HPos) -> Text<'_> {
-    Text {
-        text: s,
-        size,
-        colour: colour(c),
-        align,
     }
 }
 
