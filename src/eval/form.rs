@@ -125,10 +125,7 @@ pub fn similarity(a: &[BarNote], b: &[BarNote]) -> Option<f64> {
 
 /// Mean of the defined values; None when there is none.
 fn mean_defined(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
-    let (sum, n) = values
-        .flatten()
-        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    (n > 0).then(|| sum / n as f64)
+    mean_count(values).0
 }
 
 /// `L_t` for t = 1..=`max_lag` (index t - 1): the mean similarity of bars i

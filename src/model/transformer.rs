@@ -56,7 +56,6 @@ use crate::model::host::{self, HostLinear, HostNorm};
 use crate::model::local::{host_ring_step, host_step_ok};
 use crate::model::noise;
 use crate::model::precision::{self, Precision, Resolved};
-use crate::model::rope::turn_of;
 use crate::model::spe::{
     draw_xi, frozen_xi, sine_filter_applies, ConvSpe, GateFactors, SineFactors, SineSpe, SpeCode,
 };
@@ -606,14 +605,15 @@ impl Transformer {
             .map(|c| (c.code_at(offset, true), c.code_at(offset, false)))
             .collect();
         // the local heads' RoPE turns of this position: one list, or one per sequence
-        let turns: Vec<Vec<(f32, f32)>> = match &cfg.musical_rope {
-            Some(m) => ids
-                .iter()
-                .zip(state.clock.iter_mut())
-                .map(|(&t, c)| turn_of(Some(m), hd as i64, offset, c.advance(t, m)))
-                .collect(),
-            None if hl > 0 => vec![turn_of(None, hd as i64, offset, ClockState::default())],
-            None => Vec::new(),
+        let mut pos = Positions::new(offset, true);
+        pos.musical = cfg.musical_rope.map(|m| {
+            let coords = ids.iter().zip(state.clock.iter_mut());
+            (m, coords.map(|(&t, c)| vec![c.advance(t, &m)]).collect())
+        });
+        let turns = if hl > 0 {
+            pos.turns(hd as i64)
+        } else {
+            Vec::new()
         };
         let add = |x: &mut [f32], y: &[f32]| x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
         for (i, layer) in hs.layers.iter().enumerate() {
