@@ -4,7 +4,8 @@
 # with the FAVOR+ heads zeroed, the context gain of the whole past over the last 512
 # tokens at positions 1,024-2,048 of 6 long classical pieces, and the strain return of
 # 8-bar continuations of 8-bar prompts of 60 held-out folk tunes. Then the table:
-# python3 scripts/form_table.py runs/form
+# python3 scripts/form_table.py runs/form. EXTRA=1 adds the strain return without the
+# repetition guard and at top-p 0.01 (nearly greedy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/cadenza}
@@ -28,4 +29,11 @@ for row in "${rows[@]}"; do
         --json "$OUT/ctx-$row.json" > /dev/null
     "$BIN" continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
         "${common[@]}" --json "$OUT/cont-$row.json" > /dev/null
+    # the strain without the repetition guard, and nearly greedy (EXTRA=1)
+    if [ -n "${EXTRA:-}" ]; then
+        "$BIN" continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
+            --no-repetition-guard "${common[@]}" --json "$OUT/cont-noguard-$row.json" > /dev/null
+        "$BIN" continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
+            --top-p 0.01 "${common[@]}" --json "$OUT/cont-greedy-$row.json" > /dev/null
+    fi
 done

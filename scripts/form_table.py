@@ -1,4 +1,6 @@
-"""The table of issue 25's side-by-side rows from scripts/form-eval.sh's reports.
+"""The tables of issue 25's side-by-side rows from scripts/form-eval.sh's reports:
+the form and loss figures, then the return probe and the strain return under other
+sampling settings (where those reports exist).
 
 Usage: python3 scripts/form_table.py runs/form
 """
@@ -12,6 +14,8 @@ ROWS = [
     ("music512", "+150 steps, musical RoPE + 25% piece starts, 8 x 512"),
     ("base2048", "+150 steps, shipped config, 2 x 2,048"),
     ("music2048", "+150 steps, musical RoPE + 25% piece starts, 2 x 2,048"),
+    ("starts512", "+600 steps, shipped config + 25% piece starts, 8 x 512"),
+    ("bars512", "+600 steps, bar embedding (64) + 25% piece starts, 8 x 512"),
 ]
 
 
@@ -43,6 +47,39 @@ def main(d):
             cells += ["", ""]
         cells.append(f"{k['generated']['in_scale']:.3f}" if k and 'generated' in k and 'in_scale' in k['generated'] else "")
         print("| " + " | ".join(cells) + " |")
+    probe_table(d)
+
+
+def pitch(m):
+    p = m["by_type"].get("Pitch") if m else None
+    return f"{100 * p['top1']:.1f}% ({p['count']})" if p else ""
+
+
+def strain(k):
+    if not k or not k.get("strain_return"):
+        return ""
+    s = k["strain_return"]["generated"]
+    return f"{s['mean']:.3f} / {s['share']:.3f}"
+
+
+def probe_table(d):
+    rows = [(r, l) for r, l in ROWS if load(d, f"eval-{r}.json") and "returns" in load(d, f"eval-{r}.json")]
+    if not rows:
+        return
+    print()
+    print("| row | pitch top-1: returning bars | entering | continuing | first pitch of an entering bar | fresh bars "
+          "| strain return / share: T = 1, top-p 0.95 | the same, no repetition guard | greedy (top-p 0.01) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for row, label in rows:
+        r = load(d, f"eval-{row}.json")["returns"]
+        cells = [label, pitch(r["returning"]), pitch(r.get("entering")), pitch(r.get("continuing")),
+                 pitch(r.get("entry_pitch")), pitch(r["fresh"])]
+        cells += [strain(load(d, f"{p}-{row}.json")) for p in ("cont", "cont-noguard", "cont-greedy")]
+        print("| " + " | ".join(cells) + " |")
+    k = load(d, f"cont-{rows[0][0]}.json")
+    if k and k.get("strain_return"):
+        s = k["strain_return"]["real"]
+        print(f"\nThe real tunes' own strain return / share: {s['mean']:.3f} / {s['share']:.3f}.")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cadenza_core::midi;
 use common::{bin, run_cadenza, scales_dataset};
 
 /// A 2-step tiny run on `data`; `local`: with 2 RoPE local heads of 16 tokens.
@@ -42,6 +43,17 @@ fn tiny_run(dir: &Path, data: &Path, local: bool) -> PathBuf {
 /// `cadenza eval` on `run` over `data` (96 positions) with `extra` flags, the report
 /// written to `json`: (stdout, the report).
 fn eval(run: &Path, data: &Path, json: &Path, extra: &[&str]) -> (String, serde_json::Value) {
+    eval_len(run, data, json, 96, extra)
+}
+
+/// [`eval`] over the first `max_len` tokens of every piece.
+fn eval_len(
+    run: &Path,
+    data: &Path,
+    json: &Path,
+    max_len: usize,
+    extra: &[&str],
+) -> (String, serde_json::Value) {
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let mut args = vec![
         "eval".to_string(),
@@ -50,7 +62,7 @@ fn eval(run: &Path, data: &Path, json: &Path, extra: &[&str]) -> (String, serde_
         "--data".into(),
         s(data),
         "--max-len".into(),
-        "96".into(),
+        max_len.to_string(),
         "--bin".into(),
         "32".into(),
         "--device".into(),
@@ -199,4 +211,64 @@ fn bad_context_and_ablation_flags_are_refused() {
         &["--ablate local", "no local heads"],
     );
     refused(&["--ablate", "mlp"], &["--ablate"]);
+}
+
+/// MIDI files of `bars` bars of 4/4 each, bar b playing the figure of bar b mod `period`
+/// (eighth notes; each figure its own pitches).
+fn periodic_pieces(dir: &Path, pieces: u8, bars: u64, period: u64) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    for k in 0..pieces {
+        let mut sc = midi::Score::new(480);
+        for b in 0..bars {
+            let figure = (b % period) as u8;
+            for i in 0..8u64 {
+                sc.notes.push(midi::Note {
+                    start: (b * 8 + i) * 240,
+                    duration: 240,
+                    pitch: 50 + k + 3 * figure + [0u8, 4, 7, 12, 7, 4, 2, 5][i as usize],
+                    velocity: 80,
+                    program: 0,
+                    channel: 0,
+                    is_drum: false,
+                });
+            }
+        }
+        midi::write_file(&sc, &dir.join(format!("p{k}.mid"))).unwrap();
+    }
+    dir.to_path_buf()
+}
+
+#[test]
+fn the_return_probe_sorts_returning_and_fresh_bars() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = scales_dataset(tmp.path(), "scales", 2, 50);
+    let run = tiny_run(&tmp.path().join("run"), &data, false);
+    // 4 different bars, then bars 1-4 again: bars 0-3 fresh (no earlier bar like them),
+    // bars 4-7 returning (the same bar 4 back), bar 4 entering the return and 5-7
+    // continuing it
+    let midi = periodic_pieces(&tmp.path().join("periodic"), 2, 8, 4);
+    let (out, r) = eval_len(&run, &midi, &tmp.path().join("r.json"), 1000, &[]);
+    let p = &r["returns"];
+    assert_eq!(p["min_lag"].as_u64(), Some(4), "{p}");
+    let n = |k: &str| p[k]["tokens"].as_u64().unwrap();
+    let total = r["tokens"].as_u64().unwrap();
+    assert!(n("fresh") > 0 && n("returning") > 0, "{p}");
+    assert_eq!(n("entering") + n("continuing"), n("returning"));
+    assert!(
+        n("continuing") > n("entering"),
+        "three continuing bars per entering one"
+    );
+    // every scored token of these pieces is in a fresh or a returning bar, but for the
+    // few before the first bar line
+    assert!(n("fresh") + n("returning") <= total && n("fresh") + n("returning") + 8 > total);
+    // one entering bar per piece, and its first pitch alone in entry_pitch
+    assert_eq!(n("entry_pitch"), 2, "{p}");
+    assert_eq!(
+        p["entry_pitch"]["by_type"]["Pitch"]["count"].as_u64(),
+        Some(2)
+    );
+    assert!(
+        out.contains("returning (exact copy >= 4 bars back)"),
+        "{out}"
+    );
 }

@@ -173,6 +173,10 @@ pub struct ContinueEvalArgs {
     /// Seed of the sampling and of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Sample without the repetition guard (`generate`'s default guard otherwise), to
+    /// measure what it costs the returns that real music makes.
+    #[arg(long)]
+    pub no_repetition_guard: bool,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -214,6 +218,11 @@ pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
         temperature: a.temperature,
         top_p: a.top_p,
         seed: a.seed,
+        guard: if a.no_repetition_guard {
+            crate::sample::GuardConfig::off()
+        } else {
+            crate::sample::GuardConfig::default()
+        },
         ..Default::default()
     };
     let r = continuation::evaluate(
@@ -442,6 +451,10 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
             g.positions
         );
         print!("{}", eval::context_table(g));
+    }
+    if let Some(ret) = &r.returns {
+        println!("\nreturn probe: bars the past predicts, and bars it cannot");
+        print!("{}", eval::returns_table(ret));
     }
     if let Some(j) = &a.json {
         crate::train::checkpoint::write_json(j, &r)?;

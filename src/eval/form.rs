@@ -180,6 +180,55 @@ pub fn self_similarity(bars: &[Bar]) -> Vec<Vec<Option<f64>>> {
         .collect()
 }
 
+/// The bar (an index into [`bars`]) each token of `ids` stands in: a `Bar`
+/// token opens its bar; tokens before the first `Bar`, and from EOS or the
+/// [`MAX_FORM_BARS`] limit on, stand in none. Same length as `ids`.
+pub fn token_bars(ids: &[u32], vocab: &Vocab) -> Vec<Option<usize>> {
+    let mut out = Vec::with_capacity(ids.len());
+    let mut bar: Option<usize> = None;
+    let mut ended = false;
+    for &id in ids {
+        match vocab.token(id) {
+            _ if ended => {}
+            Some(Token::Eos) => ended = true,
+            Some(Token::Bar) => {
+                let next = bar.map_or(0, |b| b + 1);
+                if next == MAX_FORM_BARS {
+                    ended = true;
+                } else {
+                    bar = Some(next);
+                }
+            }
+            _ => {}
+        }
+        out.push(if ended { None } else { bar });
+    }
+    out
+}
+
+/// How each bar stands to the bars before it, for the return probe of
+/// `cadenza eval`: `Some(true)` when an earlier bar at least `min_lag` bars
+/// back has exactly its notes (a bar the past predicts), `Some(false)` when
+/// no earlier bar is a near copy (similarity >= [`NEAR_COPY`]) at any lag (a
+/// bar the past cannot give), None otherwise (empty, or partly like an
+/// earlier bar).
+pub fn bar_returns(bars: &[Bar], min_lag: usize) -> Vec<Option<bool>> {
+    (0..bars.len())
+        .map(|j| {
+            if bars[j].is_empty() {
+                return None;
+            }
+            if j >= min_lag && bars[..=j - min_lag].iter().any(|b| *b == bars[j]) {
+                return Some(true);
+            }
+            let near = bars[..j]
+                .iter()
+                .any(|b| similarity(b, &bars[j]).is_some_and(|s| s >= NEAR_COPY));
+            (!near).then_some(false)
+        })
+        .collect()
+}
+
 /// The form measures of one piece.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PieceForm {
@@ -425,6 +474,46 @@ mod tests {
         assert!(close(similarity(&a, &b), 2.0 / 6.0));
         assert_eq!(similarity(&a, &[]), None);
         assert_eq!(similarity(&[], &[]), None);
+    }
+
+    #[test]
+    fn token_bars_follow_the_bar_tokens_and_stop_at_eos() {
+        let v = vocab();
+        let ids = stream(&v, &[motif(60), vec![], motif(62)]);
+        let tb = token_bars(&ids, &v);
+        assert_eq!(tb.len(), ids.len());
+        assert_eq!(tb[0], None, "BOS stands in no bar");
+        // BOS, Bar, 4 notes x 5 tokens, Bar (empty bar), Bar, 20 tokens, EOS
+        assert!(tb[1..22].iter().all(|&b| b == Some(0)));
+        assert_eq!(tb[22], Some(1));
+        assert!(tb[23..44].iter().all(|&b| b == Some(2)));
+        assert_eq!(tb[44], None, "EOS stands in no bar");
+        assert_eq!(bars(&ids, &v).len(), 3, "as many bars as bars() reads");
+    }
+
+    #[test]
+    fn bar_returns_tell_copies_from_fresh_bars() {
+        let (a, b, c) = (motif(60), motif(70), motif(80));
+        let mut a_like = a.clone();
+        a_like[3].1 = 99; // 3 of 5 distinct notes shared with a: 3 / 5
+        a_like.sort_unstable();
+        let bars = vec![a.clone(), b.clone(), a.clone(), vec![], c, a_like, b];
+        // a twice at lag 2, then b at lag 5: copies when min_lag <= the lag.
+        assert_eq!(
+            bar_returns(&bars, 2),
+            vec![
+                Some(false),
+                Some(false),
+                Some(true),
+                None,
+                Some(false),
+                None,
+                Some(true)
+            ]
+        );
+        // With min_lag 3, bar 3 (a copy at lag 2 only) is neither: a near copy exists.
+        assert_eq!(bar_returns(&bars, 3)[2], None);
+        assert_eq!(bar_returns(&bars, 6)[6], None);
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //!   again), so within a sequence a later token never has a smaller bar index.
 //! * Only differences reach the attention (RoPE is relative), so a window may start its
 //!   clock anywhere: [`ClockState::default`] is as good as the piece's true bar count.
+//! * [`BarIndex`], the input of the bar embedding, is absolute instead: it counts bars
+//!   from the last `BOS` and is "not known" until a window has seen one, so a window
+//!   that begins inside a piece learns nothing false about where its bars stand.
 
 use crate::model::config::{Axis, MusicalRope};
 
@@ -39,6 +42,37 @@ impl ClockState {
         }
         *self
     }
+}
+
+/// Where in the form a token stands, for the bar embedding
+/// ([`crate::model::config::ModelConfig::bar_embedding`]): bars begun since the last
+/// `BOS`, or None before the first `BOS` a sequence has seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BarIndex(pub Option<i64>);
+
+impl BarIndex {
+    /// Reads token `id` and returns its row of an `n` + 1 row bar embedding: `BOS` and
+    /// what follows it up to the first `Bar` are row 0, each `Bar` moves one row on, rows
+    /// past n - 1 are n - 1, and n is "not known".
+    pub fn advance(&mut self, id: i64, n: i64) -> i64 {
+        if id == BOS_ID {
+            self.0 = Some(0);
+        } else if id == BAR_ID {
+            if let Some(b) = self.0.as_mut() {
+                *b = b.saturating_add(1);
+            }
+        }
+        match self.0 {
+            Some(b) => b.min(n - 1),
+            None => n,
+        }
+    }
+}
+
+/// The bar-embedding rows of every token of `ids` ([`BarIndex::advance`]), the index
+/// starting from `start` and left after the last one.
+pub fn bar_rows(ids: &[i64], start: &mut BarIndex, n: i64) -> Vec<i64> {
+    ids.iter().map(|&id| start.advance(id, n)).collect()
 }
 
 /// The coordinates of every token of `ids`, the clock starting from `start` and left
@@ -140,6 +174,22 @@ mod tests {
                 position: 47
             }
         );
+    }
+
+    #[test]
+    fn bar_rows_count_from_bos_and_are_unknown_before_it() {
+        // a window that begins inside a piece: Pos, pitch, Bar, pitch | BOS, Tempo, Bar,
+        // Pos, pitch, Bar, Bar, Bar, Bar
+        let ids = [10, 70, 3, 71, 1, 5, 3, 10, 72, 3, 3, 3, 3];
+        let mut at = BarIndex::default();
+        let rows = bar_rows(&ids, &mut at, 3);
+        assert_eq!(rows, [3, 3, 3, 3, 0, 0, 1, 1, 1, 2, 2, 2, 2]);
+        assert_eq!(at, BarIndex(Some(5)), "the count goes on past the last row");
+        // cut anywhere after the BOS, a window carrying the index sees the same rows
+        let mut carried = BarIndex(Some(1));
+        assert_eq!(bar_rows(&ids[7..], &mut carried, 3), rows[7..]);
+        // a second piece starts again at row 0
+        assert_eq!(at.advance(1, 3), 0);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub mod bounds {
     pub const MAX_D_FF: i64 = 131_072;
     /// Largest `chunk_size`.
     pub const MAX_CHUNK: i64 = 65_536;
+    /// Largest `bar_embedding` (bars a piece's embedding tells apart).
+    pub const MAX_BAR_EMBEDDING: i64 = 4096;
     /// Largest `positional.sines`.
     pub const MAX_SINES: i64 = 1024;
     /// Largest `positional.realizations`.
@@ -70,6 +72,11 @@ fn int<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<i64, D::Error> {
         }
     }
     d.deserialize_any(V)
+}
+
+/// [`int`] for an optional field (serde calls it only when the field is present).
+fn opt_int<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<i64>, D::Error> {
+    int(d).map(Some)
 }
 
 /// How positions enter the model. Read through [`PositionalFile`], which
@@ -339,6 +346,18 @@ pub struct ModelConfig {
     /// index. None (the configs written before it): every pair on the token index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub musical_rope: Option<MusicalRope>,
+    /// Where in the form a token stands, as input: a learned embedding `bar_embed.weight`,
+    /// (N + 1, d), zero at initialisation, added to the token embedding. Row `b` is the
+    /// `b`-th bar since the last `BOS` (the tokens between `BOS` and the first `Bar` are
+    /// row 0; bars past N - 1 share row N - 1); row N stands for "not known", the tokens
+    /// of a window before its first `BOS` ([`crate::model::clock::BarIndex`]). None (the
+    /// configs written before it): no such input.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "opt_int"
+    )]
+    pub bar_embedding: Option<i64>,
 }
 
 /// Musical time in the RoPE of the local heads (`local_position = "rope"`): of the
@@ -487,6 +506,7 @@ impl ModelConfig {
             local_window: 0,
             local_position: LocalPosition::Shared,
             musical_rope: None,
+            bar_embedding: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -724,6 +744,9 @@ impl ModelConfig {
         }
         within("local_heads", self.local_heads, 0, MAX_HEADS)?;
         within("local_window", self.local_window, 0, MAX_LOCAL_WINDOW)?;
+        if let Some(n) = self.bar_embedding {
+            within("bar_embedding", n, 1, MAX_BAR_EMBEDDING)?;
+        }
         if self.d_model % self.n_heads != 0 {
             bail!(
                 "model config: d_model ({}) must be divisible by n_heads ({})",

@@ -1,10 +1,14 @@
 //! The input embeddings: token embeddings (`tok_embed.weight`, (V, d)) and, with
-//! `positional = "ape"`, the sinusoidal absolute positional encoding added to them.
+//! `positional = "ape"`, the sinusoidal absolute positional encoding added to them; with
+//! `bar_embedding = N`, a learned row per bar of the piece (`bar_embed.weight`,
+//! (N + 1, d)) added as well.
 //!
 //! Invariants: the sinusoidal code of a position depends on that position only (any window
 //! at any offset sees the same code), is formed in f64 and added in the model's kind. With
 //! unscaled embeddings (std 0.02) the code (RMS 2^-1/2) is brought to the tokens' scale;
-//! scaled embeddings (std d^-1/2, times sqrt(d)) take it as it is.
+//! scaled embeddings (std d^-1/2, times sqrt(d)) take it as it is. The bar embedding
+//! starts at zero, so a model given one computes at first exactly what it computed
+//! without it (`train --init` from a model without the table starts from that model).
 
 // `a = a + b` is deliberate: tch's `+=` is an in-place add, which would write into
 // tensors that autograd or a caller still holds.
@@ -19,6 +23,8 @@ use crate::model::config::{ModelConfig, PositionalEncoding};
 pub struct Embeddings {
     /// (V, d) token embeddings; also the output head's weight when tied.
     pub weight: Tensor,
+    /// (N + 1, d) bar embedding ([`ModelConfig::bar_embedding`]).
+    pub bar: Option<Tensor>,
     d_model: i64,
     scaled: bool,
     ape: bool,
@@ -40,8 +46,12 @@ impl Embeddings {
                 },
             },
         );
+        let bar = cfg
+            .bar_embedding
+            .map(|n| vs.sub("bar_embed").zeros("weight", &[n + 1, d]));
         Embeddings {
             weight,
+            bar,
             d_model: d,
             scaled: cfg.scaled_embeddings,
             ape: cfg.positional == PositionalEncoding::Ape,
@@ -49,8 +59,9 @@ impl Embeddings {
     }
 
     /// (B, L) int64 tokens at absolute positions offset..offset+L -> (B, L, d), in the
-    /// embeddings' kind (before dropout).
-    pub fn forward(&self, tokens: &Tensor, offset: i64) -> Tensor {
+    /// embeddings' kind (before dropout). `bars`: (B, L) int64 rows of the bar embedding
+    /// ([`crate::model::clock::bar_rows`]), given exactly when the model has one.
+    pub fn forward(&self, tokens: &Tensor, offset: i64, bars: Option<&Tensor>) -> Tensor {
         let d = self.d_model;
         let device = self.weight.device();
         let mut x = Tensor::embedding(&self.weight, &tokens.to_device(device), -1, false, false); // (B, L, d)
@@ -67,6 +78,16 @@ impl Embeddings {
             } else {
                 x + ape * (0.02 * std::f64::consts::SQRT_2)
             };
+        }
+        match (&self.bar, bars) {
+            (Some(w), Some(rows)) => {
+                x = x + Tensor::embedding(w, &rows.to_device(device), -1, false, false);
+            }
+            (None, None) => {}
+            (w, _) => panic!(
+                "bar rows must be given exactly when the model has a bar embedding (it {})",
+                if w.is_some() { "has one" } else { "has none" }
+            ),
         }
         x
     }

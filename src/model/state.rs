@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tch::Tensor;
 
 use crate::model::attention::LayerState;
-use crate::model::clock::ClockState;
+use crate::model::clock::{BarIndex, ClockState};
 use crate::model::favor_heads::HostFavor;
 use crate::model::host::{HostLinear, HostNorm};
 use crate::model::spe::{GateFactors, SineFactors};
@@ -36,6 +36,9 @@ pub struct RecurrentState {
     /// With musical RoPE, per sequence: the clock after the tokens so far (empty
     /// otherwise; [`crate::model::clock`]).
     pub clock: Vec<ClockState>,
+    /// With a bar embedding, per sequence: its bar index after the tokens so far (empty
+    /// otherwise; [`crate::model::clock::BarIndex`]).
+    pub bars: Vec<BarIndex>,
     /// What every step needs and no step changes, computed from the weights
     /// by [`crate::model::Transformer::begin_at`]: a state belongs to the weights it was
     /// begun with.
@@ -62,6 +65,8 @@ pub(crate) struct HostStep {
     pub embed: Option<Vec<f32>>,
     /// sqrt(d) with scaled embeddings.
     pub embed_scale: Option<f32>,
+    /// (N + 1, d) bar embedding, with `bar_embedding`.
+    pub bar_embed: Option<Vec<f32>>,
     pub layers: Vec<HostLayer>,
     pub final_norm: HostNorm,
     /// The output head (the embeddings when tied).
@@ -110,6 +115,7 @@ impl RecurrentState {
             seed: self.seed,
             batch: self.batch,
             clock: self.clock.clone(),
+            bars: self.bars.clone(),
             cache: self.cache.share(),
         }
     }
@@ -117,14 +123,19 @@ impl RecurrentState {
     /// Keeps (or repeats) the batch rows in `indices` (int64 1-D tensor on any device).
     pub fn select(&self, indices: &Tensor) -> RecurrentState {
         let rows = |t: &Tensor| t.index_select(0, &indices.to_device(t.device()));
+        let picked = || {
+            Vec::<i64>::try_from(&indices.to_device(tch::Device::Cpu).view([-1]))
+                .expect("int64 row indices")
+        };
         let clock = if self.clock.is_empty() {
             Vec::new()
         } else {
-            Vec::<i64>::try_from(&indices.to_device(tch::Device::Cpu).view([-1]))
-                .expect("int64 row indices")
-                .iter()
-                .map(|&i| self.clock[i as usize])
-                .collect()
+            picked().iter().map(|&i| self.clock[i as usize]).collect()
+        };
+        let bars = if self.bars.is_empty() {
+            Vec::new()
+        } else {
+            picked().iter().map(|&i| self.bars[i as usize]).collect()
         };
         RecurrentState {
             position: self.position,
@@ -133,6 +144,7 @@ impl RecurrentState {
             seed: self.seed,
             batch: indices.size()[0],
             clock,
+            bars,
             cache: self.cache.share(),
         }
     }

@@ -123,6 +123,16 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_position = LocalPosition::Rope;
     c.musical_rope = Some(musical(1, 3));
     out.push(("spe-conv 1 musical rope local head window 9", c));
+    // the bar embedding: the host step (SineSPE, RoPE local heads) and the libtorch step
+    let mut c = with("spe-sine");
+    c.local_heads = 2;
+    c.local_window = 6;
+    c.local_position = LocalPosition::Rope;
+    c.bar_embedding = Some(4);
+    out.push(("spe-sine 2 rope local heads, bar embedding 4", c));
+    let mut c = with("spe-conv");
+    c.bar_embedding = Some(2);
+    out.push(("spe-conv bar embedding 2", c));
     out
 }
 
@@ -154,7 +164,8 @@ fn build(cfg: &ModelConfig, seed: i64) -> (nn::VarStore, Transformer) {
     // give every tap a weight.
     tch::no_grad(|| {
         for (name, mut t) in vs.variables() {
-            if name.contains("qkv_conv") {
+            // the bar embedding starts at zero, which would hide it too
+            if name.contains("qkv_conv") || name.contains("bar_embed") {
                 t.copy_(&(Tensor::randn_like(&t) * 0.5));
             }
         }
@@ -1040,11 +1051,11 @@ fn embeddings_code_depends_on_the_position_only_and_the_tied_head_is_x_e_t() {
     let vs = nn::VarStore::new(Device::Cpu);
     let embed = Embeddings::new(&cfg, &vs.root());
     let toks = tokens(2, 12, 4);
-    let whole = embed.forward(&toks, 100);
-    let tail = embed.forward(&toks.narrow(1, 5, 7), 105);
+    let whole = embed.forward(&toks, 100, None);
+    let tail = embed.forward(&toks.narrow(1, 5, 7), 105, None);
     assert!(rel(&tail, &whole.narrow(1, 5, 7)) == 0.0);
     // the code is there: the same tokens elsewhere embed differently
-    assert!(rel(&embed.forward(&toks, 0), &whole) > 1e-2);
+    assert!(rel(&embed.forward(&toks, 0, None), &whole) > 1e-2);
     let mut tied = cfg.clone();
     tied.tie_embeddings = true;
     tied.scaled_embeddings = false;
@@ -1165,4 +1176,81 @@ fn musical_rope_reads_each_sequence_clock() {
         rel(&before.narrow(1, 0, at), &after.narrow(1, 0, at)) < 1e-6,
         "causal"
     );
+}
+
+#[test]
+fn a_zero_bar_embedding_changes_nothing_and_a_trained_one_reads_the_bars() {
+    let with = variant("spe-sine 2 rope local heads, bar embedding 4");
+    let mut without = with.clone();
+    without.bar_embedding = None;
+    // as made (zeros): the same logits as the model without the table
+    // (the same weights copied over: libtorch's generator is shared by the tests)
+    let vs_a = nn::VarStore::new(Device::Cpu);
+    let mut a = Transformer::new(&vs_a.root(), &with).unwrap();
+    let vs_b = nn::VarStore::new(Device::Cpu);
+    let mut b = Transformer::new(&vs_b.root(), &without).unwrap();
+    let weights = vs_a.variables();
+    tch::no_grad(|| {
+        for (name, mut t) in vs_b.variables() {
+            t.copy_(&weights[&name]);
+        }
+    });
+    assert_eq!(
+        weights["bar_embed.weight"].abs().max().double_value(&[]),
+        0.0
+    );
+    a.freeze(3);
+    b.freeze(3);
+    let toks = tokens(2, 30, 6);
+    assert_eq!(vs_a.variables().len(), vs_b.variables().len() + 1);
+    let same = rel(&a.forward_t(&toks, 0, false), &b.forward_t(&toks, 0, false));
+    assert!(same == 0.0, "{same}");
+    // with weights: a Bar token (id 3) put in place of another token after a BOS (id 1)
+    // moves the logits of the tokens after it, not those before
+    let (_vs, mut m) = build(&with, 22);
+    m.freeze(4);
+    let row = toks.narrow(0, 0, 1).copy();
+    let _ = row.get(0).get(3).fill_(1);
+    let ids = Vec::<i64>::try_from(&row.view([-1])).unwrap();
+    let bos = 3;
+    let at = (bos + 1..30)
+        .find(|&i| ids[i] != 1 && ids[i] != 3)
+        .expect("a token to turn into a Bar");
+    let moved = row.copy();
+    let _ = moved.get(0).get(at as i64).fill_(3);
+    let (before, after) = (m.forward_t(&row, 0, false), m.forward_t(&moved, 0, false));
+    let at = at as i64;
+    assert!(
+        rel(&before.narrow(1, 0, at), &after.narrow(1, 0, at)) < 1e-6,
+        "causal"
+    );
+    assert!(
+        rel(
+            &before.narrow(1, at, 30 - at),
+            &after.narrow(1, at, 30 - at)
+        ) > 1e-4
+    );
+}
+
+#[test]
+fn bar_rows_before_the_first_bos_are_the_unknown_row() {
+    // a window with no BOS: every token takes row N, so the Bar tokens in it do not move
+    // the embedding of the tokens after them (only the attention sees them)
+    let cfg = variant("spe-conv bar embedding 2");
+    let (vs, m) = build(&cfg, 23);
+    let bar = vs
+        .variables()
+        .remove("bar_embed.weight")
+        .expect("the bar table");
+    assert_eq!(bar.size(), [3, cfg.d_model]);
+    let toks = Tensor::from_slice(&[7i64, 3, 9, 3, 11]).view([1, 5]);
+    let mut st = m.begin(1);
+    let _ = m.prefill(&toks, &mut st);
+    assert_eq!(st.bars, [crate::model::clock::BarIndex(None)]);
+    let _ = m.prefill(&Tensor::from_slice(&[1i64, 3, 3, 3]).view([1, 4]), &mut st);
+    assert_eq!(st.bars, [crate::model::clock::BarIndex(Some(3))]);
+    // the state's index survives copies and row selections
+    assert_eq!(st.copy().bars, st.bars);
+    let two = st.select(&Tensor::from_slice(&[0i64, 0]));
+    assert_eq!(two.bars.len(), 2);
 }

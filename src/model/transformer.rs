@@ -3,7 +3,8 @@
 //! [`crate::model::mlp::Mlp`]), the output head ([`OutputHead`]); the model's noise
 //! (SPE codes, gate xi, FAVOR+ projections), drawn or frozen; and the recurrent form.
 //!
-//! Variable paths (for weight-decay filters): `tok_embed.weight`, `layers.{i}.norm1.{weight,bias}`,
+//! Variable paths (for weight-decay filters): `tok_embed.weight`, `bar_embed.weight` (with
+//! `bar_embedding`; zeros, drawn from no generator), `layers.{i}.norm1.{weight,bias}`,
 //! `layers.{i}.attn_qkv.{weight,bias}`, `layers.{i}.qkv_conv` (short convolution, (3d, k)),
 //! `layers.{i}.attn_out.*`, `layers.{i}.norm2.*`,
 //! `layers.{i}.ff1.*`, `layers.{i}.ff2.*`, `layers.{i}.spe_gate` (gated SPE), `final_norm.*`,
@@ -46,7 +47,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use crate::model::attention::{spe_first_head, spe_gate, LayerNoise, Positions, WindowCode};
 use crate::model::block::{dropout, Block};
-use crate::model::clock::{self, ClockState};
+use crate::model::clock::{self, BarIndex, ClockState};
 use crate::model::config::{AttentionKind, LocalPosition, ModelConfig, PositionalEncoding};
 use crate::model::embed::Embeddings;
 use crate::model::favor::FavorFeatures;
@@ -329,6 +330,26 @@ impl Transformer {
         )
     }
 
+    /// With a bar embedding, the (B, L) rows of (B, L) `tokens` in it, one row per
+    /// sequence, from the state's bar indices (which they advance) or from "not known".
+    fn bar_rows(&self, tokens: &Tensor, state: Option<&mut RecurrentState>) -> Option<Tensor> {
+        let n = self.cfg.bar_embedding?;
+        let (b, l) = tokens.size2().expect("tokens must be (B, L)");
+        let ids = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu).contiguous().view([-1]))
+            .expect("int64 token ids");
+        let mut fresh = vec![BarIndex::default(); b as usize];
+        let at = match state {
+            Some(s) => &mut s.bars,
+            None => &mut fresh,
+        };
+        let rows: Vec<i64> = ids
+            .chunks(l.max(1) as usize)
+            .zip(at.iter_mut())
+            .flat_map(|(row, a)| clock::bar_rows(row, a, n))
+            .collect();
+        Some(Tensor::from_slice(&rows).view([b, l]))
+    }
+
     /// One coin per training call: on heads every layer's training projection is redrawn
     /// (torch's generator, like the coin).
     fn toss_redraw(&mut self) {
@@ -375,6 +396,11 @@ impl Transformer {
             batch,
             clock: if self.cfg.musical_rope.is_some() {
                 vec![ClockState::default(); batch.max(0) as usize]
+            } else {
+                Vec::new()
+            },
+            bars: if self.cfg.bar_embedding.is_some() {
+                vec![BarIndex::default(); batch.max(0) as usize]
             } else {
                 Vec::new()
             },
@@ -450,6 +476,7 @@ impl Transformer {
             // stays f32 (as in the parallel pass)
             embed: (self.head.linear.is_some() || bf16).then(|| host_f32(weight)),
             embed_scale: cfg.scaled_embeddings.then(|| d.sqrt() as f32),
+            bar_embed: self.embed.bar.as_ref().map(host_f32),
             layers: self
                 .blocks
                 .iter()
@@ -596,6 +623,17 @@ impl Transformer {
         }
         if let Some(sc) = hs.embed_scale {
             x.iter_mut().for_each(|v| *v *= sc);
+        }
+        if let Some(bar) = &hs.bar_embed {
+            let n = cfg
+                .bar_embedding
+                .expect("a bar table comes with bar_embedding");
+            for ((row, &t), at) in x.chunks_exact_mut(d).zip(ids).zip(state.bars.iter_mut()) {
+                let r = at.advance(t, n) as usize;
+                row.iter_mut()
+                    .zip(&bar[r * d..][..d])
+                    .for_each(|(a, b)| *a += b);
+            }
         }
         // this position's codes, per SineSPE code (one when shared)
         let codes: Vec<(Vec<f32>, Vec<f32>)> = hs
@@ -810,7 +848,8 @@ impl Transformer {
         if l == 0 {
             return None;
         }
-        let x = self.embed.forward(tokens, offset); // (B, L, d)
+        let bars = self.bar_rows(tokens, state.as_deref_mut()); // (B, L)
+        let x = self.embed.forward(tokens, offset, bars.as_ref()); // (B, L, d)
         let x = dropout(x, self.cfg.dropout, mode == Mode::Train);
         let codes = self.window_codes(offset, l, mode, state);
         Some((x, codes))

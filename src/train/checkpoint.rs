@@ -321,6 +321,17 @@ fn layer_count(names: impl Iterator<Item = String>) -> usize {
 /// config at `config`: the same tensors with the same shapes. The message
 /// names both files and says what differs (layer count, d_model, a shape).
 pub fn check_weights(weights: &Path, vs: &VarStore, config: &Path) -> Result<()> {
+    check_weights_lacking(weights, vs, config, &[])
+}
+
+/// [`check_weights`], except that the weights may lack the tensors named in `may_lack`
+/// (tables that a new model adds and that start at zero, for `train --init`).
+pub fn check_weights_lacking(
+    weights: &Path,
+    vs: &VarStore,
+    config: &Path,
+    may_lack: &[&str],
+) -> Result<()> {
     let file = safetensors_header(weights)?;
     let expected: std::collections::BTreeMap<String, Vec<i64>> = vs
         .variables()
@@ -359,7 +370,10 @@ pub fn check_weights(weights: &Path, vs: &VarStore, config: &Path) -> Result<()>
         }
     }
     let have: std::collections::BTreeSet<&String> = file.iter().map(|(n, _, _)| n).collect();
-    if let Some(missing) = expected.keys().find(|n| !have.contains(n)) {
+    if let Some(missing) = expected
+        .keys()
+        .find(|n| !have.contains(n) && !may_lack.contains(&n.as_str()))
+    {
         bail!(
             "{}: tensor {missing} of the model described by {} is missing",
             weights.display(),

@@ -332,6 +332,41 @@ pub fn context_gain(
     }
 }
 
+/// The return probe as a markdown table: loss and pitch figures over the
+/// tokens of returning and of fresh bars.
+pub fn returns_table(r: &ReturnProbe) -> String {
+    let mut out = String::from(
+        "| bars | tokens | loss | pitch NLL | pitch top-1 | pitches |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    let mut rows = vec![(
+        format!("returning (exact copy >= {} bars back)", r.min_lag),
+        &r.returning,
+    )];
+    if let (Some(e), Some(c)) = (&r.entering, &r.continuing) {
+        rows.push(("- entering (the bar before did not return)".into(), e));
+        rows.push(("- continuing (the bar before returned)".into(), c));
+    }
+    if let Some(f) = &r.entry_pitch {
+        rows.push(("- the first pitch of each entering bar".into(), f));
+    }
+    rows.push(("fresh (no near copy before)".into(), &r.fresh));
+    for (name, m) in rows {
+        let pitch = m
+            .by_type
+            .get(&crate::tokenizer::TokenType::Pitch.to_string());
+        out.push_str(&format!(
+            "| {name} | {} | {:.4} | {} | {} | {} |\n",
+            m.tokens,
+            m.loss,
+            pitch.map_or("-".into(), |p| format!("{:.4}", p.nll)),
+            pitch.map_or("-".into(), |p| format!("{:.1}%", 100.0 * p.top1)),
+            pitch.map_or(0, |p| p.count),
+        ));
+    }
+    out
+}
+
 /// The context gain as a markdown table: one row overall, then one per token type and
 /// per source group; columns full NLL, then per cut its NLL and its ratio to full.
 pub fn context_table(g: &ContextGain) -> String {
@@ -406,6 +441,71 @@ pub struct EvalReport {
     /// The context gain (`--context-cut`; absent when not asked for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_gain: Option<ContextGain>,
+    /// The return probe: the same metrics over the tokens of bars the past
+    /// predicts and of bars it cannot (absent in reports from before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub returns: Option<ReturnProbe>,
+}
+
+/// Least lag, in bars, of the earlier copy that makes a bar "returning" in
+/// the return probe (one-bar and two-bar loops do not count).
+pub const RETURN_MIN_LAG: usize = 4;
+
+/// Next-token metrics over the tokens of *returning* bars (an earlier bar at
+/// least `min_lag` bars back has exactly their notes: a model that uses its
+/// past can predict them) and of *fresh* bars (no earlier bar is a near
+/// copy), as [`crate::eval::form::bar_returns`] sorts them. A model that
+/// copies has a much higher pitch top-1 on the returning bars than on the
+/// fresh ones; one that ignores the return has about the same on both.
+/// The returning bars are also split by where they stand in their run:
+/// `entering` (the bar before is not returning: the model has to know that
+/// a return starts here) and `continuing` (the bar before returned too, so
+/// matching the last notes against the past is enough).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReturnProbe {
+    pub min_lag: usize,
+    pub returning: crate::eval::TokenMetrics,
+    #[serde(default)]
+    pub entering: Option<crate::eval::TokenMetrics>,
+    #[serde(default)]
+    pub continuing: Option<crate::eval::TokenMetrics>,
+    /// The first pitch of each entering bar alone: where the return is decided.
+    #[serde(default)]
+    pub entry_pitch: Option<crate::eval::TokenMetrics>,
+    pub fresh: crate::eval::TokenMetrics,
+}
+
+/// The sums of the return probe: fresh, returning, entering, continuing, entry pitch.
+type ReturnSums = [crate::eval::Accumulator; 5];
+
+/// Adds the scored targets of one window to the returning and fresh sums.
+fn add_returns(
+    ids: &[u32],
+    vocab: &crate::tokenizer::Vocab,
+    scored: &[crate::eval::Scored],
+    sums: &mut ReturnSums,
+) {
+    let form = crate::eval::form::bar_returns(&crate::eval::form::bars(ids, vocab), RETURN_MIN_LAG);
+    let at = crate::eval::form::token_bars(ids, vocab);
+    // the last bar whose first pitch was seen
+    let mut entered: Option<usize> = None;
+    for (s, p) in scored.iter().zip(crate::eval::scored_positions(ids)) {
+        let Some(b) = at[p] else { continue };
+        match form[b] {
+            Some(false) => sums[0].add(s),
+            Some(true) => {
+                sums[1].add(s);
+                let continues = b > 0 && form[b - 1] == Some(true);
+                sums[if continues { 3 } else { 2 }].add(s);
+                if !continues && s.kind == crate::tokenizer::TokenType::Pitch && entered != Some(b)
+                {
+                    entered = Some(b);
+                    sums[4].add(s);
+                }
+            }
+            None => {}
+        }
+    }
 }
 
 fn mean_over(sums: &[f64], counts: &[u64], from: usize, to: usize) -> Option<f64> {
@@ -549,9 +649,11 @@ pub fn evaluate_probed(o: &EvalOptions, probes: &Probes) -> Result<EvalReport> {
         Default::default();
     // per window, the NLL of each token with the whole past (NaN: not scored)
     let mut full: Vec<Vec<f64>> = Vec::new();
+    let mut returns: ReturnSums = Default::default();
     for (source, ids) in &windows {
         let acc = groups.entry(crate::eval::source_group(source)).or_default();
         let scored = crate::eval::score_window(&m.model, &m.vocab, &table, ids);
+        add_returns(ids, &m.vocab, &scored, &mut returns);
         let mut at = vec![f64::NAN; ids.len()];
         for (s, p) in scored.iter().zip(crate::eval::scored_positions(ids)) {
             // (bin index p - 1: the input position whose logits predict token p)
@@ -614,6 +716,14 @@ pub fn evaluate_probed(o: &EvalOptions, probes: &Probes) -> Result<EvalReport> {
         metrics,
         ablate: probes.ablate,
         context_gain,
+        returns: Some(ReturnProbe {
+            min_lag: RETURN_MIN_LAG,
+            returning: returns[1].finish(),
+            entering: Some(returns[2].finish()),
+            continuing: Some(returns[3].finish()),
+            entry_pitch: Some(returns[4].finish()),
+            fresh: returns[0].finish(),
+        }),
     })
 }
 

@@ -229,6 +229,10 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
     })
 }
 
+/// The tensors a model may add to the one it is initialised from (`--init`): tables that
+/// start at zero, so that the new model first computes what the old one did.
+const INIT_MAY_LACK: &[&str] = &["bar_embed.weight"];
+
 /// Copies the weights of the trained model `init` (a run or model folder) into `vs`,
 /// refusing a model of another vocabulary or other parameter shapes. Only the weights
 /// come over: the optimizer starts fresh, and the FAVOR+ training projections are the
@@ -245,11 +249,15 @@ fn init_weights(init: &Path, cfg: &RunConfig, vs: &mut VarStore, config: &Path) 
         );
     }
     let weights = src.dir.join(checkpoint::MODEL_FILE);
-    checkpoint::check_weights(&weights, vs, config)
+    checkpoint::check_weights_lacking(&weights, vs, config, INIT_MAY_LACK)
         .with_context(|| format!("--init {}", init.display()))?;
-    vs.load(&weights)
+    let fresh = vs
+        .load_partial(&weights)
         .map_err(|e| anyhow::anyhow!("--init {}: {e}", weights.display()))?;
     tracing::info!("weights from {}", weights.display());
+    for name in fresh {
+        tracing::info!("{name}: not in {}, starts at zero", weights.display());
+    }
     Ok(())
 }
 
