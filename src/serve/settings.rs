@@ -254,7 +254,7 @@ mod tests {
     #[test]
     fn bad_settings_get_messages_in_the_page_words() {
         for (json, needle) in [
-            (r#"{"seed": 99999999999999999999999}"#, "The seed must be a whole number from 0 to 9007199254740991 (got 1e23)"),
+            (r#"{"seed": 99999999999999999999999}"#, "The seed must be a whole number from 0 to 9007199254740991 (got 1e+23)"),
             (r#"{"seed": 9007199254740992}"#, "The seed must be a whole number from 0 to 9007199254740991"),
             (r#"{"seed": -1}"#, "The seed must be a whole number from 0"),
             (r#"{"seed": 1.5}"#, "The seed must be a whole number from 0"),
