@@ -738,6 +738,16 @@ fn the_serve_command_outlives_clients_that_hang_up_and_streams_large_files() {
         .trim_end_matches('/')
         .parse()
         .unwrap();
+    // SIGPIPE is ignored process-wide (`SigIgn`, bit 13 - 1): whether a
+    // hung-up client's last write gets EPIPE (a signal) or ECONNRESET
+    // (none) is a race, so the downloads below cannot show it every time.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let ignored = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .unwrap();
+    assert_ne!(ignored & (1 << 12), 0, "SIGPIPE is not ignored: SigIgn {ignored:x}");
     let a = agent();
     let (_, g) = answer(a.get(format!("{url}api/pieces")).call());
     assert_eq!(g["pieces"][0]["name"], json!(name), "listed at start: {g}");
