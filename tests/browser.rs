@@ -367,7 +367,10 @@ fn studio_in_headless_chromium() {
          return s.dataset.ready ? [c.width, c.height] : null",
         long,
     );
-    assert!(roll[0].as_u64().unwrap() > 200 && roll[1].as_u64().unwrap() >= 120, "{roll}");
+    assert!(
+        roll[0].as_u64().unwrap() > 200 && roll[1].as_u64().unwrap() >= 120,
+        "{roll}"
+    );
     let played = b.js_async(
         "const done = arguments[arguments.length - 1]; \
          const a = document.querySelector('#results audio'); \
@@ -379,7 +382,12 @@ fn studio_in_headless_chromium() {
     assert!(t > 0.0, "playing: {played}");
     let x: f64 = played[1]
         .as_str()
-        .and_then(|h| h.strip_prefix("translateX(")?.strip_suffix("px)")?.parse().ok())
+        .and_then(|h| {
+            h.strip_prefix("translateX(")?
+                .strip_suffix("px)")?
+                .parse()
+                .ok()
+        })
         .unwrap_or(0.0);
     assert!(x > 0.0, "the playhead moved: {played}");
     b.click("#results .roll-canvas");
@@ -388,7 +396,10 @@ fn studio_in_headless_chromium() {
          const a = document.querySelector('#results audio'); \
          setTimeout(() => { const t = a.currentTime; a.pause(); a.currentTime = 0; done(t); }, 300);",
     );
-    assert!(seeked.as_f64().is_some_and(|t| t > 0.5), "a click in the middle seeks: {seeked}");
+    assert!(
+        seeked.as_f64().is_some_and(|t| t > 0.5),
+        "a click in the middle seeks: {seeked}"
+    );
     // Statistics of the prompt and of the piece, side by side, folded away.
     assert_eq!(
         b.js("return document.querySelector('#results details.stats-fold').open"),
@@ -405,17 +416,22 @@ fn studio_in_headless_chromium() {
     );
     assert_eq!(
         links,
-        json!(["all (zip)", "MIDI", "WAV", "roll picture", "tokens", "settings"])
+        json!([
+            "all (zip)",
+            "MIDI",
+            "WAV",
+            "roll picture",
+            "tokens",
+            "settings"
+        ])
     );
     b.wait_for(
         "return document.querySelectorAll('#gallery .piece').length === 1",
         long,
     );
     // Every control says what it does.
-    let unexplained = b.js(
-        "return [...document.querySelectorAll('#settings label')]\
-         .filter((l) => !l.querySelector('.help')).map((l) => l.textContent)",
-    );
+    let unexplained = b.js("return [...document.querySelectorAll('#settings label')]\
+         .filter((l) => !l.querySelector('.help')).map((l) => l.textContent)");
     assert_eq!(unexplained, json!([]));
 
     // No sideways scrolling on a phone (400 px) or at desktop width.
@@ -423,7 +439,10 @@ fn studio_in_headless_chromium() {
         b.resize(width, 1100);
         std::thread::sleep(Duration::from_millis(300));
         let (page, view) = b.widths();
-        assert!(page <= view, "at {width} px the page is {page} px wide (viewport {view})");
+        assert!(
+            page <= view,
+            "at {width} px the page is {page} px wide (viewport {view})"
+        );
     }
 
     if let Some(path) = std::env::var_os("CADENZA_STUDIO_SCREENSHOT").filter(|v| !v.is_empty()) {

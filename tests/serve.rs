@@ -79,7 +79,11 @@ fn page_and_info_are_served_without_outside_resources() {
     assert_eq!(info["queue_capacity"], 4);
     assert_eq!(info["defaults"]["tokens"], 4096);
     assert_eq!(info["defaults"]["bars"], 16);
-    assert_eq!(info["defaults"]["seed"], Value::Null, "a new seed per click");
+    assert_eq!(
+        info["defaults"]["seed"],
+        Value::Null,
+        "a new seed per click"
+    );
     assert_eq!(info["instruments"][33]["name"], "Fingered Bass");
     assert!(info["vocab_size"].as_u64().unwrap() > 100);
     assert!(info["parameters"].as_u64().unwrap() > 0);
@@ -152,18 +156,39 @@ fn prompts_are_checked_like_on_the_command_line() {
 fn bad_job_settings_are_refused_with_a_reason() {
     let (_out, server, base, a) = studio(|_| {});
     for (settings, needle) in [
-        (json!({ "tokens": 0 }), "Token limit must be between 1 and 8192"),
+        (
+            json!({ "tokens": 0 }),
+            "Token limit must be between 1 and 8192",
+        ),
         (json!({ "tokens": 100000 }), "Token limit"),
-        (json!({ "top_p": 1.5 }), "Top-p must be above 0 and at most 1"),
+        (
+            json!({ "top_p": 1.5 }),
+            "Top-p must be above 0 and at most 1",
+        ),
         (json!({ "temperature": 0 }), "Temperature must be above 0"),
-        (json!({ "num_samples": 99 }), "Variations must be between 1 and 8"),
-        (json!({ "prompt_bars": 0 }), "Prompt bars must be at least 1"),
+        (
+            json!({ "num_samples": 99 }),
+            "Variations must be between 1 and 8",
+        ),
+        (
+            json!({ "prompt_bars": 0 }),
+            "Prompt bars must be at least 1",
+        ),
         (json!({ "bars": 0 }), "Length must be between 1 and"),
         (json!({ "prompt": 12345 }), "prompt 12345"),
         (json!({ "colour": "blue" }), "unknown setting \"colour\""),
-        (json!({ "programs": "piano" }), "Instruments: \"piano\" is neither"),
-        (json!({ "tokens": "many" }), "Token limit must be a whole number"),
-        (json!({ "seed": -3 }), "The seed must be a whole number from 0"),
+        (
+            json!({ "programs": "piano" }),
+            "Instruments: \"piano\" is neither",
+        ),
+        (
+            json!({ "tokens": "many" }),
+            "Token limit must be a whole number",
+        ),
+        (
+            json!({ "seed": -3 }),
+            "The seed must be a whole number from 0",
+        ),
     ] {
         let (status, v) = submit(&a, &base, settings.clone());
         assert_eq!(status, 400, "{settings}: {v}");
@@ -568,10 +593,7 @@ fn requests_that_do_not_name_the_studio_in_host_are_refused() {
             assert!(text.contains("refused"), "{text}");
         }
     }
-    let (status, text) = raw(
-        addr,
-        "GET /api/info HTTP/1.1\r\nConnection: close\r\n\r\n",
-    );
+    let (status, text) = raw(addr, "GET /api/info HTTP/1.1\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 400, "no Host: {text}");
     for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
         let (status, text) = get(&host, "/api/pieces");
@@ -605,7 +627,12 @@ fn every_click_gets_a_new_seed_and_a_seed_given_again_gives_the_same_piece() {
         assert_eq!(status, 202, "{v}");
         let seed = v["settings"]["seed"].as_u64();
         assert!(seed.is_some(), "the seed used is shown when queued: {v}");
-        let job = wait_job(&a, &base, v["id"].as_u64().unwrap(), Duration::from_secs(120));
+        let job = wait_job(
+            &a,
+            &base,
+            v["id"].as_u64().unwrap(),
+            Duration::from_secs(120),
+        );
         assert_eq!(job.state, JobState::Done, "{:?}", job.error);
         assert_eq!(job.settings.seed, seed);
         job
@@ -617,7 +644,11 @@ fn every_click_gets_a_new_seed_and_a_seed_given_again_gives_the_same_piece() {
     let (s1, s2) = (one.settings.seed.unwrap(), two.settings.seed.unwrap());
     assert_ne!(s1, s2, "two clicks, two seeds");
     assert!(s1 <= cadenza::serve::MAX_SEED && s2 <= cadenza::serve::MAX_SEED);
-    assert_ne!(midi(&one.pieces[0]), midi(&two.pieces[0]), "two clicks, two pieces");
+    assert_ne!(
+        midi(&one.pieces[0]),
+        midi(&two.pieces[0]),
+        "two clicks, two pieces"
+    );
     // Named after the prompt and the seed.
     assert_eq!(one.pieces[0].name, format!("oneills-reel-4-4-seed{s1}-1"));
     // "Again with this seed": the same piece, under a new name.
@@ -626,7 +657,10 @@ fn every_click_gets_a_new_seed_and_a_seed_given_again_gives_the_same_piece() {
     let three = run(again);
     assert_eq!(three.settings.seed, Some(s1));
     assert_eq!(midi(&three.pieces[0]), midi(&one.pieces[0]));
-    assert_eq!(three.pieces[0].name, format!("oneills-reel-4-4-seed{s1}-1-2"));
+    assert_eq!(
+        three.pieces[0].name,
+        format!("oneills-reel-4-4-seed{s1}-1-2")
+    );
     // A seed too large for the page is refused in plain words.
     let (status, v) = answer(
         a.post(format!("{base}api/jobs"))
@@ -654,11 +688,23 @@ fn a_length_in_bars_stops_the_piece_at_that_many_bars_after_the_prompt() {
         json!({ "prompt": prompt, "prompt_bars": 2, "bars": 1, "tokens": 400, "seed": 5 }),
     );
     assert_eq!(status, 202, "{v}");
-    let job = wait_job(&a, &base, v["id"].as_u64().unwrap(), Duration::from_secs(120));
+    let job = wait_job(
+        &a,
+        &base,
+        v["id"].as_u64().unwrap(),
+        Duration::from_secs(120),
+    );
     assert_eq!(job.state, JobState::Done, "{:?}", job.error);
     let p = &job.pieces[0];
-    assert!(p.stats.bars <= 3, "2 prompt bars and 1 more, got {}", p.stats.bars);
-    assert!(p.tokens - p.prompt_tokens < 400, "stopped by the bars, not the tokens: {p:?}");
+    assert!(
+        p.stats.bars <= 3,
+        "2 prompt bars and 1 more, got {}",
+        p.stats.bars
+    );
+    assert!(
+        p.tokens - p.prompt_tokens < 400,
+        "stopped by the bars, not the tokens: {p:?}"
+    );
     assert_eq!(p.stop, cadenza::sample::Stop::MaxBars);
     let end = p.prompt_seconds.expect("where the prompt ends");
     assert!(end > 0.0 && end < p.seconds, "{end} of {}", p.seconds);
@@ -703,7 +749,12 @@ fn the_serve_command_outlives_clients_that_hang_up_and_streams_large_files() {
         let server = start(options(out.path()));
         let a = agent();
         let (_, v) = submit(&a, &server.url(), json!({ "tokens": 16, "seed": 1 }));
-        let job = wait_job(&a, &server.url(), v["id"].as_u64().unwrap(), Duration::from_secs(120));
+        let job = wait_job(
+            &a,
+            &server.url(),
+            v["id"].as_u64().unwrap(),
+            Duration::from_secs(120),
+        );
         assert_eq!(job.state, JobState::Done, "{:?}", job.error);
         job.pieces[0].name.clone()
     };
@@ -715,7 +766,16 @@ fn the_serve_command_outlives_clients_that_hang_up_and_streams_large_files() {
 
     let bin = env!("CARGO_BIN_EXE_cadenza");
     let mut child = std::process::Command::new(bin)
-        .args(["serve", "--port", "0", "--threads", "1", "--device", "cpu", "--model"])
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--model",
+        ])
         .arg(support::tiny_model())
         .arg("--out")
         .arg(out.path())
@@ -747,19 +807,26 @@ fn the_serve_command_outlives_clients_that_hang_up_and_streams_large_files() {
         .find_map(|l| l.strip_prefix("SigIgn:"))
         .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
         .unwrap();
-    assert_ne!(ignored & (1 << 12), 0, "SIGPIPE is not ignored: SigIgn {ignored:x}");
+    assert_ne!(
+        ignored & (1 << 12),
+        0,
+        "SIGPIPE is not ignored: SigIgn {ignored:x}"
+    );
     let a = agent();
     let (_, g) = answer(a.get(format!("{url}api/pieces")).call());
     assert_eq!(g["pieces"][0]["name"], json!(name), "listed at start: {g}");
-    let request = format!(
-        "GET /files/{name}.wav HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    );
+    let request =
+        format!("GET /files/{name}.wav HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     let open = || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.write_all(request.as_bytes()).unwrap();
         let mut first = [0u8; 100];
         s.read_exact(&mut first).unwrap();
-        assert!(first.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&first));
+        assert!(
+            first.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&first)
+        );
         s
     };
     // One download to warm up, then memory is measured.
@@ -813,8 +880,17 @@ fn the_serve_command_outlives_clients_that_hang_up_and_streams_large_files() {
 #[test]
 fn download_all_is_a_zip_of_every_file() {
     let (out, _server, base, a) = studio(|_| {});
-    let (_, v) = submit(&a, &base, json!({ "tokens": 16, "num_samples": 2, "seed": 4 }));
-    let job = wait_job(&a, &base, v["id"].as_u64().unwrap(), Duration::from_secs(120));
+    let (_, v) = submit(
+        &a,
+        &base,
+        json!({ "tokens": 16, "num_samples": 2, "seed": 4 }),
+    );
+    let job = wait_job(
+        &a,
+        &base,
+        v["id"].as_u64().unwrap(),
+        Duration::from_secs(120),
+    );
     assert_eq!(job.state, JobState::Done, "{:?}", job.error);
     let names_in = |zip: &[u8]| -> Vec<String> {
         // The central directory, from the end record.
@@ -832,11 +908,25 @@ fn download_all_is_a_zip_of_every_file() {
         names
     };
     let p = &job.pieces[0];
-    let r = a.get(format!("{base}api/pieces/{}/zip", p.id)).call().unwrap();
+    let r = a
+        .get(format!("{base}api/pieces/{}/zip", p.id))
+        .call()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let disposition = r.headers()["content-disposition"].to_str().unwrap().to_string();
-    assert_eq!(disposition, format!("attachment; filename=\"{}.zip\"", p.name));
-    let zip = r.into_body().with_config().limit(1 << 30).read_to_vec().unwrap();
+    let disposition = r.headers()["content-disposition"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        disposition,
+        format!("attachment; filename=\"{}.zip\"", p.name)
+    );
+    let zip = r
+        .into_body()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_vec()
+        .unwrap();
     let mut names = names_in(&zip);
     names.sort();
     let mut want: Vec<String> = std::fs::read_dir(out.path())
@@ -847,7 +937,10 @@ fn download_all_is_a_zip_of_every_file() {
     want.sort();
     assert_eq!(names, want);
     let midi = std::fs::read(out.path().join(format!("{}.mid", p.name))).unwrap();
-    assert!(zip.windows(midi.len()).any(|w| w == midi), "the MIDI bytes, stored");
+    assert!(
+        zip.windows(midi.len()).any(|w| w == midi),
+        "the MIDI bytes, stored"
+    );
     let (status, _, all) = get_bytes(&a, format!("{base}api/jobs/{}/zip", job.id));
     assert_eq!(status, 200);
     assert_eq!(names_in(&all).len(), 2 * want.len());

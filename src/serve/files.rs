@@ -65,7 +65,11 @@ pub(crate) fn byte_range(spec: Option<&str>, total: u64) -> Range {
             let Some(a) = number(a) else {
                 return Range::Whole;
             };
-            let b = if b.is_empty() { Some(u64::MAX) } else { number(b) };
+            let b = if b.is_empty() {
+                Some(u64::MAX)
+            } else {
+                number(b)
+            };
             match b {
                 Some(b) if a > b => Range::Whole,
                 Some(_) if a >= total => Range::Unsatisfiable,

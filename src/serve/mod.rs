@@ -184,7 +184,10 @@ pub fn start(opts: ServeOptions) -> Result<Server> {
     let shared = Arc::new(state::Shared::new(&opts, model, soundfont, tx, check));
     let (listed, unreadable) = shared.load_gallery();
     if listed > 0 {
-        tracing::info!("the gallery lists {listed} pieces already in {}", opts.out.display());
+        tracing::info!(
+            "the gallery lists {listed} pieces already in {}",
+            opts.out.display()
+        );
     }
     if unreadable > 0 {
         tracing::warn!(

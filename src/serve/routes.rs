@@ -32,8 +32,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{files, settings};
 use super::state::{clean_name, JobRequest, PieceView, Shared, SubmitError};
+use super::{files, settings};
 use super::{MAX_BARS, MAX_SAMPLES, MAX_SEED, MAX_TOKENS};
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
@@ -352,9 +352,12 @@ async fn zip_answer(
     if files.is_empty() {
         return Err(ApiError::not_found("no files to put in an archive"));
     }
-    files::send_zip(files, &download)
-        .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot make the archive: {e}")))
+    files::send_zip(files, &download).await.map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot make the archive: {e}"),
+        )
+    })
 }
 
 /// The notes of a piece's MIDI file as the roll draws them: `[start
@@ -420,7 +423,10 @@ async fn job_zip(State(s): AppState, Path(id): Path<u64>) -> Result<Response, Ap
         .first()
         .ok_or_else(|| ApiError::not_found(format!("job {id} has no pieces (yet)")))?;
     // `stem-seedS-1` -> `stem-seedS-all`
-    let stem = first.name.rsplit_once('-').map_or(first.name.as_str(), |(a, _)| a);
+    let stem = first
+        .name
+        .rsplit_once('-')
+        .map_or(first.name.as_str(), |(a, _)| a);
     let download = format!("{stem}-all.zip");
     zip_answer(&s, &job.pieces, download).await
 }

@@ -254,18 +254,36 @@ mod tests {
     #[test]
     fn bad_settings_get_messages_in_the_page_words() {
         for (json, needle) in [
-            (r#"{"seed": 99999999999999999999999}"#, "The seed must be a whole number from 0 to 9007199254740991 (got 1e+23)"),
-            (r#"{"seed": 9007199254740992}"#, "The seed must be a whole number from 0 to 9007199254740991"),
+            (
+                r#"{"seed": 99999999999999999999999}"#,
+                "The seed must be a whole number from 0 to 9007199254740991 (got 1e+23)",
+            ),
+            (
+                r#"{"seed": 9007199254740992}"#,
+                "The seed must be a whole number from 0 to 9007199254740991",
+            ),
             (r#"{"seed": -1}"#, "The seed must be a whole number from 0"),
             (r#"{"seed": 1.5}"#, "The seed must be a whole number from 0"),
-            (r#"{"seed": "7"}"#, "The seed must be a whole number (got \"7\")"),
-            (r#"{"tokens": "many"}"#, "Token limit must be a whole number"),
+            (
+                r#"{"seed": "7"}"#,
+                "The seed must be a whole number (got \"7\")",
+            ),
+            (
+                r#"{"tokens": "many"}"#,
+                "Token limit must be a whole number",
+            ),
             (r#"{"tokens": 0}"#, "Token limit must be between 1 and 8192"),
             (r#"{"bars": 0}"#, "Length must be between 1 and 1024 bars"),
             (r#"{"temperature": 0}"#, "Temperature must be above 0"),
             (r#"{"top_p": 1.5}"#, "Top-p must be above 0 and at most 1"),
-            (r#"{"num_samples": 99}"#, "Variations must be between 1 and 8"),
-            (r#"{"programs": "piano"}"#, "Instruments: \"piano\" is neither"),
+            (
+                r#"{"num_samples": 99}"#,
+                "Variations must be between 1 and 8",
+            ),
+            (
+                r#"{"programs": "piano"}"#,
+                "Instruments: \"piano\" is neither",
+            ),
             (r#"{"programs": 3}"#, "Instruments must be text"),
             (r#"{"colour": "blue"}"#, "unknown setting \"colour\""),
             ("{not json", "not valid JSON"),

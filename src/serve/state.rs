@@ -528,7 +528,10 @@ fn recorded_piece(path: &Path, name: &str, out: &Path) -> Result<Option<PieceVie
         return Ok(None);
     }
     let url = |ext: &str| file_url(&format!("{name}.{ext}"));
-    let wav = out.join(format!("{name}.wav")).is_file().then(|| url("wav"));
+    let wav = out
+        .join(format!("{name}.wav"))
+        .is_file()
+        .then(|| url("wav"));
     if wav.is_none() {
         piece.audio_seconds = None;
     }
@@ -573,7 +576,11 @@ pub fn piece_stem(prompt_name: Option<&str>, seed: u64, variation: usize) -> Str
     }
     let slug = slug.trim_end_matches('-');
     let slug = if slug.is_empty() {
-        if prompt_name.is_some() { "prompt" } else { "new" }
+        if prompt_name.is_some() {
+            "prompt"
+        } else {
+            "new"
+        }
     } else {
         slug
     };
@@ -615,7 +622,10 @@ mod tests {
         assert_eq!(s(Some(&long)), format!("{}-seed7-2", "a".repeat(40)));
         for name in [Some("a/b\\c:d*e?.mid"), Some("-.-"), None] {
             let n = s(name);
-            assert!(n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'), "{n}");
+            assert!(
+                n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+                "{n}"
+            );
         }
     }
 }

@@ -12,8 +12,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::state::{
-    self,
-    file_url, JobState, ModelInfo, PieceFilesView, PieceView, Shared, Work, PIECE_EXTENSIONS,
+    self, file_url, JobState, ModelInfo, PieceFilesView, PieceView, Shared, Work, PIECE_EXTENSIONS,
 };
 use super::ServeOptions;
 use crate::eval::stats;

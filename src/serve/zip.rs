@@ -227,21 +227,28 @@ mod tests {
         let t = UNIX_EPOCH + std::time::Duration::from_secs(1_796_219_110);
         let (time, date) = dos_time(t);
         assert_eq!((date >> 9, (date >> 5) & 15, date & 31), (46, 12, 2));
-        assert_eq!((time >> 11, (time >> 5) & 63, (time & 31) * 2), (13, 45, 10));
+        assert_eq!(
+            (time >> 11, (time >> 5) & 63, (time & 31) * 2),
+            (13, 45, 10)
+        );
         assert_eq!(dos_time(UNIX_EPOCH), (0, 33));
     }
 
     #[test]
     fn an_archive_lists_every_file_with_its_bytes_and_crc() {
         let dir = tempfile::tempdir().unwrap();
-        let files: Vec<(String, PathBuf)> = [("a.mid", b"MThd-bytes".to_vec()), ("b.wav", vec![7u8; 200_000]), ("é.txt", Vec::new())]
-            .into_iter()
-            .map(|(n, b)| {
-                let p = dir.path().join(n);
-                std::fs::write(&p, b).unwrap();
-                (n.to_string(), p)
-            })
-            .collect();
+        let files: Vec<(String, PathBuf)> = [
+            ("a.mid", b"MThd-bytes".to_vec()),
+            ("b.wav", vec![7u8; 200_000]),
+            ("é.txt", Vec::new()),
+        ]
+        .into_iter()
+        .map(|(n, b)| {
+            let p = dir.path().join(n);
+            std::fs::write(&p, b).unwrap();
+            (n.to_string(), p)
+        })
+        .collect();
         let (entries, total) = plan(files.clone()).unwrap();
         let mut out = Vec::new();
         write(&entries, &mut out).unwrap();

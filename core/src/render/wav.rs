@@ -367,13 +367,16 @@ pub fn render_wav(
 ) -> Result<RenderStats> {
     let (mut left, mut right) = render_samples(score, soundfont, opts)
         .with_context(|| format!("cannot render audio for {}", out.display()))?;
-    let (peak_in, sq_in) = left.iter().chain(right.iter()).fold((0f32, 0f64), |(m, q), s| {
-        if s.is_finite() {
-            (m.max(s.abs()), q + f64::from(*s) * f64::from(*s))
-        } else {
-            (m, q)
-        }
-    });
+    let (peak_in, sq_in) = left
+        .iter()
+        .chain(right.iter())
+        .fold((0f32, 0f64), |(m, q), s| {
+            if s.is_finite() {
+                (m.max(s.abs()), q + f64::from(*s) * f64::from(*s))
+            } else {
+                (m, q)
+            }
+        });
     let rms_in = if left.is_empty() {
         0.0
     } else {
