@@ -1,8 +1,12 @@
 //! The studio in a real browser: headless Chromium driven over WebDriver
 //! (chromedriver; Debian packages `chromium` and `chromium-driver`) uploads
-//! a sample prompt, generates a short piece with a tiny model, plays its
-//! audio and sees its piano roll; a corrupt upload shows the command line's
-//! message. Skipped, saying why, where chromedriver or Chromium is missing.
+//! a sample prompt, generates a short piece with a tiny model and a fixed
+//! seed, plays its audio with the roll's playhead following, seeks by a
+//! click on the roll, checks help on every control and no sideways
+//! scrolling at 400 px and at desktop width, reloads during a long job and
+//! finds it again, and cancels it; a corrupt upload shows the command
+//! line's message. Skipped, saying why, where chromedriver or Chromium is
+//! missing.
 //!
 //! `CADENZA_REQUIRE_BROWSER=1` (as `make browser-test` sets) fails instead.
 //!
@@ -147,6 +151,30 @@ impl Browser {
         self.post(&format!("/element/{e}/click"), json!({}));
     }
 
+    /// Sets a form control's value as a user would (an `input` event follows).
+    fn set(&self, css: &str, value: &str) {
+        self.post(
+            "/execute/sync",
+            json!({ "script": "const e = document.querySelector(arguments[0]); e.value = arguments[1]; \
+                e.dispatchEvent(new Event('input')); e.dispatchEvent(new Event('change'));",
+                "args": [css, value] }),
+        );
+    }
+
+    /// Resizes the window (CSS pixels, at a device scale of 1).
+    fn resize(&self, width: u32, height: u32) {
+        self.post("/window/rect", json!({ "width": width, "height": height }));
+    }
+
+    /// `[page width, viewport width]`: the page scrolls sideways when the
+    /// first is larger.
+    fn widths(&self) -> (u64, u64) {
+        let v = self.js(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]",
+        );
+        (v[0].as_u64().unwrap(), v[1].as_u64().unwrap())
+    }
+
     fn js(&self, script: &str) -> Value {
         self.post("/execute/sync", json!({ "script": script, "args": [] }))
     }
@@ -276,10 +304,13 @@ fn studio_in_headless_chromium() {
         json!(true)
     );
 
-    // Generate a short piece.
+    // Generate a short piece: a length in tokens, a fixed seed.
     let tokens = if custom_model.is_some() { "384" } else { "64" };
     b.type_into("#prompt_bars", "2");
-    b.type_into("#tokens", tokens);
+    b.set("#length_unit", "tokens");
+    b.set("#length", tokens);
+    let hint = b.js("return document.getElementById('length-hint').textContent");
+    assert!(hint.as_str().unwrap().starts_with("About "), "{hint}");
     b.type_into("#seed", "7");
     b.click("#generate");
     b.wait_for(
@@ -294,9 +325,14 @@ fn studio_in_headless_chromium() {
             .starts_with(&format!("done: {tokens} tokens")),
         "{progress}"
     );
+    assert!(progress.as_str().unwrap().contains("seed 7"), "{progress}");
     assert_eq!(
         b.js("return document.getElementById('job-error').hidden"),
         json!(true)
+    );
+    assert_eq!(
+        b.js("return document.querySelector('#results button.again').textContent"),
+        json!("Again with seed 7")
     );
 
     // The audio element: a WAV of the right length, and it plays.
@@ -322,25 +358,53 @@ fn studio_in_headless_chromium() {
         (duration - secs).abs() < 0.01,
         "audio element {duration} s, WAV {secs} s"
     );
+
+    // The roll: drawn from the notes, its playhead follows the audio, a
+    // click seeks, the prompt's end is marked.
+    let roll = b.wait_for(
+        "const s = document.querySelector('#results .roll-scroll'); \
+         const c = s.querySelector('canvas'); \
+         return s.dataset.ready ? [c.width, c.height] : null",
+        long,
+    );
+    assert!(
+        roll[0].as_u64().unwrap() > 200 && roll[1].as_u64().unwrap() >= 120,
+        "{roll}"
+    );
     let played = b.js_async(
         "const done = arguments[arguments.length - 1]; \
          const a = document.querySelector('#results audio'); \
          a.play().then(() => setTimeout(() => { const t = a.currentTime; a.pause(); \
-           a.currentTime = 0; done(t); }, 600)).catch((e) => done(String(e)));",
+           const h = document.querySelector('#results .playhead').style.transform; \
+           done([t, h]); }, 600)).catch((e) => done(String(e)));",
+    );
+    let t = played[0].as_f64().unwrap_or(0.0);
+    assert!(t > 0.0, "playing: {played}");
+    let x: f64 = played[1]
+        .as_str()
+        .and_then(|h| {
+            h.strip_prefix("translateX(")?
+                .strip_suffix("px)")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0);
+    assert!(x > 0.0, "the playhead moved: {played}");
+    b.click("#results .roll-canvas");
+    let seeked = b.js_async(
+        "const done = arguments[arguments.length - 1]; \
+         const a = document.querySelector('#results audio'); \
+         setTimeout(() => { const t = a.currentTime; a.pause(); a.currentTime = 0; done(t); }, 300);",
     );
     assert!(
-        played.as_f64().is_some_and(|t| t > 0.0),
-        "playing: {played}"
+        seeked.as_f64().is_some_and(|t| t > 0.5),
+        "a click in the middle seeks: {seeked}"
     );
-
-    // The piano roll is shown.
-    let roll = b.wait_for(
-        "const i = document.querySelector('#results img.roll'); \
-         return i.complete && i.naturalWidth > 0 ? [i.naturalWidth, i.naturalHeight] : null",
-        long,
+    // Statistics of the prompt and of the piece, side by side, folded away.
+    assert_eq!(
+        b.js("return document.querySelector('#results details.stats-fold').open"),
+        json!(false)
     );
-    assert!(roll[1].as_u64().unwrap() > 0, "{roll}");
-    // Statistics of the prompt and of the piece, side by side.
     let stats = b.js(
         "return [...document.querySelectorAll('#results table.stats tbody tr')]\
          .map((r) => r.children.length)",
@@ -350,11 +414,36 @@ fn studio_in_headless_chromium() {
     let links = b.js(
         "return [...document.querySelectorAll('#results .downloads a')].map((a) => a.textContent)",
     );
-    assert_eq!(links, json!(["MIDI", "WAV", "tokens", "settings"]));
+    assert_eq!(
+        links,
+        json!([
+            "all (zip)",
+            "MIDI",
+            "WAV",
+            "roll picture",
+            "tokens",
+            "settings"
+        ])
+    );
     b.wait_for(
         "return document.querySelectorAll('#gallery .piece').length === 1",
         long,
     );
+    // Every control says what it does.
+    let unexplained = b.js("return [...document.querySelectorAll('#settings label')]\
+         .filter((l) => !l.querySelector('.help')).map((l) => l.textContent)");
+    assert_eq!(unexplained, json!([]));
+
+    // No sideways scrolling on a phone (400 px) or at desktop width.
+    for width in [400, 1280] {
+        b.resize(width, 1100);
+        std::thread::sleep(Duration::from_millis(300));
+        let (page, view) = b.widths();
+        assert!(
+            page <= view,
+            "at {width} px the page is {page} px wide (viewport {view})"
+        );
+    }
 
     if let Some(path) = std::env::var_os("CADENZA_STUDIO_SCREENSHOT").filter(|v| !v.is_empty()) {
         b.js("window.scrollTo(0, 0)");
@@ -372,24 +461,37 @@ fn studio_in_headless_chromium() {
         long,
     );
     assert!(
-        status.as_str().unwrap().contains("piece-0001.mid"),
+        status
+            .as_str()
+            .unwrap()
+            .contains("oneills-reel-4-4-seed7-1.mid"),
         "{status}"
     );
 
-    // A long job shows its progress and stops on "Cancel".
-    b.type_into("#tokens", "8192");
+    // A long job shows its progress; a reload finds it again, with its
+    // settings; "Cancel" stops it.
+    b.set("#length", "8192");
     b.type_into("#num_samples", "4");
     b.click("#generate");
-    let running = b.wait_for(
-        "const p = document.getElementById('progress'); \
+    let running = "const p = document.getElementById('progress'); \
          const t = document.getElementById('progress-text').textContent; \
-         return p.dataset.state === 'running' && t.includes('tokens/s') ? t : null",
-        long,
-    );
+         return p.dataset.state === 'running' && t.includes('tokens/s') ? t : null";
+    b.wait_for(running, long);
+    b.goto(&base);
+    b.wait_for("return document.body.dataset.ready === '1'", long);
+    let running = b.wait_for(running, long);
     assert!(
         running.as_str().unwrap().contains("/ 8192 tokens"),
         "{running}"
     );
+    assert_eq!(
+        b.js("return [document.getElementById('length').value, \
+              document.getElementById('length_unit').value, \
+              document.getElementById('num_samples').value]"),
+        json!(["8192", "tokens", "4"])
+    );
+    let prompt = b.js("return document.getElementById('prompt-status').textContent");
+    assert!(prompt.as_str().unwrap().contains("(piece)"), "{prompt}");
     b.click("#cancel");
     let note = b.wait_for(
         "return document.getElementById('job-error').textContent",

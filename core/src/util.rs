@@ -32,6 +32,19 @@ pub fn quiet_on_broken_pipe() {
     }
 }
 
+/// The opposite of [`quiet_on_broken_pipe`], for a server (`cadenza serve`):
+/// SIGPIPE ignored, so that a client that hangs up in the middle of an
+/// answer makes that one write fail with `EPIPE` (and its connection end)
+/// instead of killing the whole process. Process-wide, like every signal
+/// action; call it before the server starts.
+pub fn ignore_broken_pipe() {
+    #[cfg(unix)]
+    // SAFETY: SIG_IGN is a valid action; changing it is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
 /// Writes `bytes` to `path` through a temporary file in the same folder and a
 /// rename, so that a reader never sees a half-written file.
 /// The folder is created when missing.

@@ -69,10 +69,15 @@ pub fn parse_programs(arg: &str, in_prompt: &[u8]) -> Result<Option<Vec<u8>>> {
     Ok(Some(out))
 }
 
+/// Loudness of the rendered pieces: -16 dBFS RMS (a level near that of
+/// released music; pieces whose peaks would clip end up quieter).
+pub const TARGET_RMS: f32 = 0.158;
+
 /// How generated pieces are rendered to audio.
 pub fn render_options() -> render::RenderOptions {
     render::RenderOptions {
         gain: 2.0,
+        target_rms: Some(TARGET_RMS),
         ..render::RenderOptions::default()
     }
 }

@@ -7,11 +7,21 @@
 //! are not `Sync`); the HTTP handlers (axum on tokio) send it jobs over a
 //! bounded channel and answer 503 "busy" when the queue is full. Generated
 //! files go to one output folder under names that are never reused.
+//!
+//! The server outlives its clients: `serve` ignores SIGPIPE (a hung-up
+//! client fails one write, not the process), files are streamed in chunks
+//! ([`files`]), and only requests whose `Host` names the studio are
+//! answered ([`host`]).
 
+mod files;
+mod host;
 mod routes;
+mod settings;
 mod state;
 mod worker;
+mod zip;
 
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +29,7 @@ use std::thread::JoinHandle;
 
 use anyhow::{bail, Context, Result};
 
+pub use settings::{MAX_BARS, MAX_SEED};
 pub use state::{JobRequest, JobState, JobView, PieceFilesView, PieceView, PromptInfo};
 
 /// Most tokens one job may ask for per piece.
@@ -169,7 +180,21 @@ pub fn start(opts: ServeOptions) -> Result<Server> {
 
     let (tx, rx) = std::sync::mpsc::sync_channel(opts.queue);
     let (model, shared_tx) = worker::spawn(&opts, rx)?;
-    let shared = Arc::new(state::Shared::new(&opts, model, soundfont, tx));
+    let check = host::HostCheck::new(addr, &opts.host);
+    let shared = Arc::new(state::Shared::new(&opts, model, soundfont, tx, check));
+    let (listed, unreadable) = shared.load_gallery();
+    if listed > 0 {
+        tracing::info!(
+            "the gallery lists {listed} pieces already in {}",
+            opts.out.display()
+        );
+    }
+    if unreadable > 0 {
+        tracing::warn!(
+            "{unreadable} piece records in {} could not be read and are not listed",
+            opts.out.display()
+        );
+    }
     shared_tx
         .send(Arc::downgrade(&shared))
         .context("the generator thread stopped")?;
@@ -202,6 +227,10 @@ pub fn start(opts: ServeOptions) -> Result<Server> {
 }
 
 pub fn serve(a: ServeArgs) -> Result<i32> {
+    // `cadenza-torch` restores SIGPIPE's default action for the commands that
+    // print (`generate ... | head`); a server must outlive a client that
+    // hangs up in the middle of a download.
+    crate::util::ignore_broken_pipe();
     let samples = a.samples.is_dir().then(|| a.samples.clone());
     let opts = ServeOptions {
         model: a.model,
@@ -224,11 +253,14 @@ pub fn serve(a: ServeArgs) -> Result<i32> {
             server.addr()
         );
     }
-    println!(
+    // Not `println!`: with SIGPIPE ignored, a closed stdout would panic it.
+    let _ = writeln!(
+        std::io::stdout(),
         "cadenza studio: {} (pieces go to {}; Ctrl-C stops)",
         server.url(),
         out.display()
-    );
+    )
+    .and_then(|()| std::io::stdout().flush());
     server.wait()?;
     Ok(0)
 }

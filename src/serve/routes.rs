@@ -4,18 +4,26 @@
 //! - `GET /api/info`: the model, the limits, the sample prompts, the defaults;
 //! - `POST /api/prompts?name=FILE.mid` (body: the MIDI bytes), `POST
 //!   /api/prompts/sample/{name}`, `POST /api/prompts/piece/{id}`: make a prompt;
+//!   `GET /api/prompts/{id}`: one made before;
 //! - `POST /api/jobs` (JSON settings): queue a job (202), or 503 when the
-//!   queue is full; `GET /api/jobs/{id}`: its progress and pieces; `POST
-//!   /api/jobs/{id}/cancel`;
-//! - `GET /api/pieces`: every piece made since the start;
-//! - `GET /files/{name}`: a generated file.
+//!   queue is full; `GET /api/jobs`: those queued or running; `GET
+//!   /api/jobs/{id}`: its progress and pieces; `POST /api/jobs/{id}/cancel`;
+//! - `GET /api/pieces`: every piece in the output folder;
+//! - `GET /api/pieces/{id}/notes`: its notes and bar lines in seconds, for
+//!   the page's piano roll;
+//! - `GET /api/pieces/{id}/zip`, `GET /api/jobs/{id}/zip`: all files of a
+//!   piece, or of every piece of a job, as one zip archive;
+//! - `GET /files/{name}`: a generated file, streamed, with byte ranges
+//!   ([`super::files`]).
+//!
+//! Every request must name the studio in its `Host` header ([`super::host`]).
 //!
 //! Errors are JSON `{"error": "..."}` with a 4xx/5xx status.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::{Bytes, HttpBody};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -24,8 +32,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::state::{clean_name, JobRequest, Shared, SubmitError};
-use super::{MAX_SAMPLES, MAX_TOKENS};
+use super::state::{clean_name, JobRequest, PieceView, Shared, SubmitError};
+use super::{files, settings};
+use super::{MAX_BARS, MAX_SAMPLES, MAX_SEED, MAX_TOKENS};
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -54,14 +63,22 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/prompts", post(upload_prompt))
         .route("/api/prompts/sample/{name}", post(sample_prompt))
         .route("/api/prompts/piece/{id}", post(piece_prompt))
-        .route("/api/jobs", post(submit))
+        .route("/api/prompts/{id}", get(prompt))
+        .route("/api/jobs", post(submit).get(jobs))
         .route("/api/jobs/{id}", get(job))
         .route("/api/jobs/{id}/cancel", post(cancel))
         .route("/api/pieces", get(pieces))
+        .route("/api/pieces/{id}/zip", get(piece_zip))
+        .route("/api/pieces/{id}/notes", get(piece_notes))
+        .route("/api/jobs/{id}/zip", get(job_zip))
         .route("/files/{name}", get(file))
         // Bodies are read with their own limits below.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::middleware::from_fn(same_origin))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            known_host,
+        ))
         .with_state(shared)
 }
 
@@ -74,6 +91,33 @@ fn page(text: &'static str, kind: &'static str) -> Response {
         text,
     )
         .into_response()
+}
+
+/// Refuses (403) a request whose `Host` is not the studio's own
+/// ([`super::host`]): a page of another site that rebound its name to this
+/// address can neither read the pieces nor start jobs.
+async fn known_host(State(s): AppState, req: Request, next: axum::middleware::Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    match host {
+        Some(h) if s.host.allows(h) => next.run(req).await,
+        Some(h) => ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "refused: this studio answers to {} or localhost, not to the name \"{}\"",
+                s.host.served,
+                cadenza_core::util::excerpt(h, 80)
+            ),
+        )
+        .into_response(),
+        None => ApiError(
+            StatusCode::BAD_REQUEST,
+            "refused: the request has no Host header".into(),
+        )
+        .into_response(),
+    }
 }
 
 /// Refuses a request that changes something (anything but GET and HEAD)
@@ -169,7 +213,12 @@ async fn info(State(s): AppState) -> Json<serde_json::Value> {
         "max_upload_bytes": s.max_upload,
         "max_tokens": MAX_TOKENS,
         "max_samples": MAX_SAMPLES,
+        "max_bars": MAX_BARS,
+        "max_seed": MAX_SEED,
         "samples": s.sample_names(),
+        "instruments": (0..128u8)
+            .map(|p| json!({ "program": p, "name": cadenza_core::render::gm_program_name(p) }))
+            .collect::<Vec<_>>(),
         "defaults": JobRequest::default(),
     }))
 }
@@ -234,8 +283,7 @@ async fn piece_prompt(State(s): AppState, Path(id): Path<u64>) -> Result<Respons
 
 async fn submit(State(s): AppState, req: Request) -> Result<Response, ApiError> {
     let bytes = read_body(req, MAX_JSON, "request").await?;
-    let job: JobRequest = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad(format!("bad job settings: {e}")))?;
+    let job = settings::parse(&bytes).map_err(ApiError::bad)?;
     match s.submit(job) {
         Ok(view) => Ok((StatusCode::ACCEPTED, Json(view)).into_response()),
         Err(SubmitError::Invalid(m)) => Err(ApiError::bad(m)),
@@ -255,6 +303,21 @@ async fn job(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiErr
         .ok_or_else(|| ApiError::not_found(format!("no job {id}")))
 }
 
+/// The jobs that are queued or running, oldest first: a page opened (or
+/// reloaded) while one runs finds it here.
+async fn jobs(State(s): AppState) -> Json<serde_json::Value> {
+    Json(json!({ "jobs": s.active_jobs() }))
+}
+
+async fn prompt(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
+    let inner = s.lock();
+    inner
+        .prompts
+        .get(&id)
+        .map(|p| Json(&p.info).into_response())
+        .ok_or_else(|| ApiError::not_found(format!("no prompt {id} (forgotten, or never made)")))
+}
+
 async fn cancel(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
     if !s.cancel(id) {
         return Err(ApiError::not_found(format!("no job {id}")));
@@ -267,6 +330,107 @@ async fn pieces(State(s): AppState) -> Json<serde_json::Value> {
     Json(json!({ "pieces": inner.gallery }))
 }
 
+/// The files of these pieces, as `(name, path)`.
+fn piece_files(s: &Shared, pieces: &[PieceView]) -> Vec<(String, std::path::PathBuf)> {
+    pieces
+        .iter()
+        .flat_map(|p| p.files.urls())
+        .filter_map(|url| {
+            let name = url.strip_prefix("/files/")?.to_string();
+            let path = s.file_path(&name)?;
+            Some((name, path))
+        })
+        .collect()
+}
+
+async fn zip_answer(
+    s: &Shared,
+    pieces: &[PieceView],
+    download: String,
+) -> Result<Response, ApiError> {
+    let files = piece_files(s, pieces);
+    if files.is_empty() {
+        return Err(ApiError::not_found("no files to put in an archive"));
+    }
+    files::send_zip(files, &download).await.map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot make the archive: {e}"),
+        )
+    })
+}
+
+/// The notes of a piece's MIDI file as the roll draws them: `[start
+/// seconds, duration seconds, pitch, drum (0/1), velocity]`, with the bar
+/// starts and the length in seconds.
+async fn piece_notes(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
+    let piece = s
+        .piece(id)
+        .ok_or_else(|| ApiError::not_found(format!("no piece {id}")))?;
+    let name = format!("{}.mid", piece.name);
+    let path = s
+        .file_path(&name)
+        .ok_or_else(|| ApiError::not_found(format!("no file {name}")))?;
+    let roll = tokio::task::spawn_blocking(move || -> Result<serde_json::Value, String> {
+        let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {name}: {e}"))?;
+        let (score, _) = crate::midi::parse(&bytes).map_err(|e| format!("{name}: {e}"))?;
+        Ok(roll_json(&score))
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(Json(roll).into_response())
+}
+
+/// Milliseconds are plenty for drawing.
+fn ms(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn roll_json(score: &crate::midi::Score) -> serde_json::Value {
+    let end = score.end_tick();
+    let notes: Vec<serde_json::Value> = score
+        .notes
+        .iter()
+        .map(|n| {
+            let a = score.tick_to_seconds(n.start);
+            let b = score.tick_to_seconds(n.end());
+            json!([ms(a), ms(b - a), n.pitch, u8::from(n.is_drum), n.velocity])
+        })
+        .collect();
+    let bars: Vec<f64> = score
+        .bar_ticks(end)
+        .into_iter()
+        .map(|t| ms(score.tick_to_seconds(t)))
+        .collect();
+    json!({ "seconds": ms(score.tick_to_seconds(end)), "bars": bars, "notes": notes })
+}
+
+async fn piece_zip(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
+    let piece = s
+        .piece(id)
+        .ok_or_else(|| ApiError::not_found(format!("no piece {id}")))?;
+    let download = format!("{}.zip", piece.name);
+    zip_answer(&s, &[piece], download).await
+}
+
+async fn job_zip(State(s): AppState, Path(id): Path<u64>) -> Result<Response, ApiError> {
+    let job = s
+        .job(id)
+        .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    let first = job
+        .pieces
+        .first()
+        .ok_or_else(|| ApiError::not_found(format!("job {id} has no pieces (yet)")))?;
+    // `stem-seedS-1` -> `stem-seedS-all`
+    let stem = first
+        .name
+        .rsplit_once('-')
+        .map_or(first.name.as_str(), |(a, _)| a);
+    let download = format!("{stem}-all.zip");
+    zip_answer(&s, &job.pieces, download).await
+}
+
 async fn file(
     State(s): AppState,
     Path(name): Path<String>,
@@ -275,77 +439,8 @@ async fn file(
     let path = s
         .file_path(&name)
         .ok_or_else(|| ApiError::not_found(format!("no file {name}")))?;
-    let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
+    let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+    files::send(path, &name, range)
         .await
-        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| ApiError::not_found(format!("cannot read {name}: {e}")))?;
-    let kind = match name.rsplit('.').next() {
-        Some("wav") => "audio/wav",
-        Some("png") => "image/png",
-        Some("mid") => "audio/midi",
-        Some("json") => "application/json",
-        _ => "text/plain; charset=utf-8",
-    };
-    let total = bytes.len();
-    // One byte range (`bytes=A-B`, `bytes=A-`, `bytes=-N`), so that the
-    // audio player can seek; anything else gets the whole file.
-    let range = headers
-        .get(header::RANGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| byte_range(v, total));
-    let ranges = [(header::ACCEPT_RANGES, "bytes".to_string())];
-    Ok(match range {
-        Some((a, b)) => (
-            StatusCode::PARTIAL_CONTENT,
-            ranges,
-            [
-                (header::CONTENT_TYPE, kind.to_string()),
-                (header::CONTENT_RANGE, format!("bytes {a}-{b}/{total}")),
-            ],
-            Body::from(bytes[a..=b].to_vec()),
-        )
-            .into_response(),
-        None => (
-            ranges,
-            [(header::CONTENT_TYPE, kind.to_string())],
-            Body::from(bytes),
-        )
-            .into_response(),
-    })
-}
-
-/// The inclusive byte range `spec` asks of a `total`-byte file, if it is
-/// one satisfiable range.
-fn byte_range(spec: &str, total: usize) -> Option<(usize, usize)> {
-    let (a, b) = spec.strip_prefix("bytes=")?.trim().split_once('-')?;
-    if total == 0 || b.contains(',') {
-        return None;
-    }
-    let (a, b) = match (a.trim(), b.trim()) {
-        ("", n) => {
-            let n: usize = n.parse().ok()?;
-            (total.saturating_sub(n), total - 1)
-        }
-        (a, "") => (a.parse().ok()?, total - 1),
-        (a, b) => (a.parse().ok()?, b.parse::<usize>().ok()?.min(total - 1)),
-    };
-    (a <= b && b < total).then_some((a, b))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::byte_range;
-
-    #[test]
-    fn byte_ranges() {
-        assert_eq!(byte_range("bytes=0-", 10), Some((0, 9)));
-        assert_eq!(byte_range("bytes=2-4", 10), Some((2, 4)));
-        assert_eq!(byte_range("bytes=2-40", 10), Some((2, 9)));
-        assert_eq!(byte_range("bytes=-3", 10), Some((7, 9)));
-        assert_eq!(byte_range("bytes=10-", 10), None);
-        assert_eq!(byte_range("bytes=5-2", 10), None);
-        assert_eq!(byte_range("bytes=0-1,4-5", 10), None);
-        assert_eq!(byte_range("items=0-1", 10), None);
-        assert_eq!(byte_range("bytes=0-", 0), None);
-    }
+        .map_err(|e| ApiError::not_found(format!("cannot read {name}: {e}")))
 }

@@ -1,5 +1,7 @@
-//! What the studio remembers: prompts, jobs and the pieces made since it
-//! started, and how generated files are named.
+//! What the studio remembers: prompts, jobs and the pieces of the output
+//! folder (those of earlier studios are read back from their `NAME.json`
+//! records at start), and how generated files are named
+//! (`PROMPT-seedSEED-VARIATION`, never reused).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -9,7 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ServeOptions, MAX_SAMPLES, MAX_TOKENS};
+use super::host::HostCheck;
+pub use super::settings::JobRequest;
+use super::ServeOptions;
 use crate::eval::stats::PieceStats;
 use crate::sample::Stop;
 use crate::tokenizer::{dataset, Vocab, BAR_ID};
@@ -56,79 +60,6 @@ pub(crate) struct Prompt {
     pub body: Arc<Vec<u32>>,
 }
 
-/// The settings of a job, as the page sends them.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct JobRequest {
-    /// A prompt id from `/api/prompts...`; none starts from nothing.
-    pub prompt: Option<u64>,
-    /// Use only the first bars of the prompt (none: all of it).
-    pub prompt_bars: Option<usize>,
-    pub tokens: usize,
-    pub temperature: f64,
-    pub top_k: usize,
-    pub top_p: f64,
-    pub seed: u64,
-    pub num_samples: usize,
-    /// Instruments the pieces may use, as `generate --programs` takes them:
-    /// `prompt` (the prompt's; any without a prompt), `any`, or program
-    /// numbers and `drums`, comma-separated.
-    pub programs: String,
-}
-
-impl Default for JobRequest {
-    fn default() -> Self {
-        JobRequest {
-            prompt: None,
-            prompt_bars: Some(4),
-            tokens: 512,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 0.95,
-            seed: 0,
-            num_samples: 1,
-            programs: "prompt".into(),
-        }
-    }
-}
-
-impl JobRequest {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.tokens == 0 || self.tokens > MAX_TOKENS {
-            return Err(format!(
-                "tokens must be between 1 and {MAX_TOKENS} (got {})",
-                self.tokens
-            ));
-        }
-        if self.num_samples == 0 || self.num_samples > MAX_SAMPLES {
-            return Err(format!(
-                "the number of samples must be between 1 and {MAX_SAMPLES} (got {})",
-                self.num_samples
-            ));
-        }
-        if self.prompt_bars == Some(0) {
-            return Err("prompt bars must be at least 1 (leave it empty for all)".into());
-        }
-        crate::sample::pieces::parse_programs(&self.programs, &[]).map_err(|e| format!("{e:#}"))?;
-        self.sample_config(None)
-            .validate()
-            .map_err(|e| format!("{e:#}"))
-    }
-
-    /// The sampler's settings, with the instruments allowed.
-    pub fn sample_config(&self, programs: Option<Vec<u8>>) -> crate::sample::SampleConfig {
-        crate::sample::SampleConfig {
-            max_tokens: self.tokens,
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed: self.seed,
-            programs,
-            ..Default::default()
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
@@ -159,6 +90,20 @@ pub struct PieceFilesView {
     pub settings: String,
 }
 
+impl PieceFilesView {
+    /// Every URL, the MIDI file's first.
+    pub fn urls(&self) -> Vec<&str> {
+        let mut v = vec![self.midi.as_str()];
+        v.extend(self.wav.as_deref());
+        v.extend([
+            self.png.as_str(),
+            self.tokens.as_str(),
+            self.settings.as_str(),
+        ]);
+        v
+    }
+}
+
 /// One generated piece.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PieceView {
@@ -180,6 +125,9 @@ pub struct PieceView {
     pub stats: PieceStats,
     /// Statistics of the part of the prompt used (none without a prompt).
     pub prompt_stats: Option<PieceStats>,
+    /// Where the prompt ends in the piece, in seconds (none without a prompt).
+    #[serde(default)]
+    pub prompt_seconds: Option<f64>,
     pub settings: JobRequest,
 }
 
@@ -220,13 +168,16 @@ pub(crate) struct Shared {
     pub inner: Mutex<Inner>,
     tx: SyncSender<Work>,
     next_id: AtomicU64,
-    next_piece: Mutex<u64>,
+    /// Held while a name is chosen.
+    naming: Mutex<()>,
     pub out: PathBuf,
     pub samples: Option<PathBuf>,
     pub max_upload: usize,
     pub queue: usize,
     pub model: ModelInfo,
     pub soundfont: Option<PathBuf>,
+    /// The `Host` headers answered.
+    pub host: HostCheck,
 }
 
 /// Why a job was not queued.
@@ -241,18 +192,20 @@ impl Shared {
         model: ModelInfo,
         soundfont: Option<PathBuf>,
         tx: SyncSender<Work>,
+        host: HostCheck,
     ) -> Shared {
         Shared {
             inner: Mutex::new(Inner::default()),
             tx,
             next_id: AtomicU64::new(1),
-            next_piece: Mutex::new(1),
+            naming: Mutex::new(()),
             out: opts.out.clone(),
             samples: opts.samples.clone(),
             max_upload: opts.max_upload,
             queue: opts.queue,
             model,
             soundfont,
+            host,
         }
     }
 
@@ -315,8 +268,10 @@ impl Shared {
     }
 
     /// Queues a job, or says why not.
-    pub fn submit(&self, req: JobRequest) -> Result<JobView, SubmitError> {
+    /// A job without a seed gets a new one here: its view shows the seed used.
+    pub fn submit(&self, mut req: JobRequest) -> Result<JobView, SubmitError> {
         req.validate().map_err(SubmitError::Invalid)?;
+        req.seed = Some(req.seed.unwrap_or_else(super::settings::new_seed));
         let (body, prompt_name) = match req.prompt {
             Some(id) => {
                 let inner = self.lock();
@@ -388,6 +343,20 @@ impl Shared {
         Some(view)
     }
 
+    /// The jobs not finished yet, oldest first, with their places in the queue.
+    pub fn active_jobs(&self) -> Vec<JobView> {
+        let ids: Vec<u64> = {
+            let inner = self.lock();
+            inner
+                .jobs
+                .iter()
+                .filter(|(_, j)| !j.view.state.finished())
+                .map(|(&k, _)| k)
+                .collect()
+        };
+        ids.into_iter().filter_map(|id| self.job(id)).collect()
+    }
+
     /// Asks a job to stop; false for an unknown job.
     pub fn cancel(&self, id: u64) -> bool {
         match self.lock().jobs.get(&id) {
@@ -431,16 +400,21 @@ impl Shared {
         }
     }
 
-    /// A new name `piece-NNNN` none of whose files exists in the output
-    /// folder (the MIDI file is created empty to hold the name).
-    pub fn reserve_name(&self) -> std::io::Result<String> {
-        let mut next = self.next_piece.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            let name = format!("piece-{:04}", *next);
-            *next += 1;
+    /// A new name, `stem` or else `stem-2`, `stem-3`, ..., none of whose
+    /// files exists in the output folder (the MIDI file is created empty to
+    /// hold the name).
+    pub fn reserve_name(&self, stem: &str) -> std::io::Result<String> {
+        let _one_at_a_time = self.naming.lock().unwrap_or_else(|e| e.into_inner());
+        for k in 1u64.. {
+            let name = if k == 1 {
+                stem.to_string()
+            } else {
+                format!("{stem}-{k}")
+            };
             if PIECE_EXTENSIONS
                 .iter()
                 .skip(1)
+                .chain(&["zip"])
                 .any(|e| self.out.join(format!("{name}.{e}")).exists())
             {
                 continue;
@@ -455,6 +429,7 @@ impl Shared {
                 Err(e) => return Err(e),
             }
         }
+        unreachable!("u64 names run out")
     }
 
     /// Adds a finished piece to its job (the gallery gets it when the job ends).
@@ -474,6 +449,57 @@ impl Shared {
             .cloned()
     }
 
+    /// Lists the pieces an earlier studio left in the output folder: every
+    /// `NAME.json` record with a `piece` entry whose MIDI file is there, in
+    /// the order they were written; their files become downloadable. Returns
+    /// how many were listed and how many records could not be read.
+    pub fn load_gallery(&self) -> (usize, usize) {
+        let mut found: Vec<(std::time::SystemTime, PieceView)> = Vec::new();
+        let mut unreadable = 0;
+        let entries = std::fs::read_dir(&self.out).into_iter().flatten().flatten();
+        for e in entries {
+            let path = e.path();
+            let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            if name.starts_with('.') {
+                continue;
+            }
+            match recorded_piece(&path, name, &self.out) {
+                Ok(Some(p)) => {
+                    let when = e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    found.push((when, p));
+                }
+                Ok(None) => {}
+                Err(()) => unreadable += 1,
+            }
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+        let n = found.len();
+        for (_, mut piece) in found {
+            piece.id = self.id();
+            piece.job = 0;
+            self.publish(
+                piece
+                    .files
+                    .urls()
+                    .iter()
+                    .filter_map(|u| u.strip_prefix("/files/"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>(),
+            );
+            self.lock().gallery.push(piece);
+        }
+        (n, unreadable)
+    }
+
     /// Lets `/files/` serve these names.
     pub fn publish(&self, names: impl IntoIterator<Item = String>) {
         self.lock().files.extend(names);
@@ -487,8 +513,79 @@ impl Shared {
     }
 }
 
+/// The piece a `NAME.json` record describes, its files' URLs rebuilt from
+/// what is in `out` (a missing WAV is dropped, so is a piece without its
+/// MIDI file); `Ok(None)` for JSON that is not a studio record, `Err` for a
+/// record that cannot be read.
+fn recorded_piece(path: &Path, name: &str, out: &Path) -> Result<Option<PieceView>, ()> {
+    let text = std::fs::read_to_string(path).map_err(|_| ())?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|_| ())?;
+    let Some(piece) = v.get("piece") else {
+        return Ok(None);
+    };
+    let mut piece: PieceView = serde_json::from_value(piece.clone()).map_err(|_| ())?;
+    if piece.name != name || !out.join(format!("{name}.mid")).is_file() {
+        return Ok(None);
+    }
+    let url = |ext: &str| file_url(&format!("{name}.{ext}"));
+    let wav = out
+        .join(format!("{name}.wav"))
+        .is_file()
+        .then(|| url("wav"));
+    if wav.is_none() {
+        piece.audio_seconds = None;
+    }
+    piece.files = PieceFilesView {
+        midi: url("mid"),
+        wav,
+        png: url("png"),
+        tokens: url("tokens.txt"),
+        settings: url("json"),
+    };
+    Ok(Some(piece))
+}
+
 /// The files of one piece: `NAME.EXT`, the MIDI file first.
 pub const PIECE_EXTENSIONS: [&str; 5] = ["mid", "wav", "png", "tokens.txt", "json"];
+
+/// Longest prompt part of a piece's name.
+const MAX_STEM_CHARS: usize = 40;
+
+/// The name a piece's files start with: the prompt's file name (letters,
+/// digits and dashes; `new` without a prompt), the job's seed and the
+/// variation, e.g. `oneills-reel-4-4-seed7-1`.
+pub fn piece_stem(prompt_name: Option<&str>, seed: u64, variation: usize) -> String {
+    let base = prompt_name.map_or("", |n| {
+        let n = n.trim();
+        let lower = n.to_ascii_lowercase();
+        [".midi", ".mid", ".smf"]
+            .iter()
+            .find_map(|e| lower.ends_with(e).then(|| &n[..n.len() - e.len()]))
+            .unwrap_or(n)
+    });
+    let mut slug = String::new();
+    for c in base.chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c.to_ascii_lowercase());
+        } else if !slug.is_empty() && !slug.ends_with('-') {
+            slug.push('-');
+        }
+        if slug.len() >= MAX_STEM_CHARS {
+            break;
+        }
+    }
+    let slug = slug.trim_end_matches('-');
+    let slug = if slug.is_empty() {
+        if prompt_name.is_some() {
+            "prompt"
+        } else {
+            "new"
+        }
+    } else {
+        slug
+    };
+    format!("{slug}-seed{seed}-{variation}")
+}
 
 /// The URL of a file under `/files/`.
 pub fn file_url(name: &str) -> String {
@@ -506,5 +603,29 @@ pub fn clean_name(name: Option<&str>) -> String {
         "prompt.mid".into()
     } else {
         base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::piece_stem;
+
+    #[test]
+    fn pieces_are_named_after_prompt_seed_and_variation() {
+        let s = |p: Option<&str>| piece_stem(p, 7, 2);
+        assert_eq!(s(Some("oneills-reel-4-4.mid")), "oneills-reel-4-4-seed7-2");
+        assert_eq!(s(Some("My Song (take 2).MIDI")), "my-song-take-2-seed7-2");
+        assert_eq!(s(None), "new-seed7-2");
+        assert_eq!(s(Some("日本.mid")), "prompt-seed7-2");
+        assert_eq!(s(Some("../../x.mid")), "x-seed7-2");
+        let long = "a".repeat(200);
+        assert_eq!(s(Some(&long)), format!("{}-seed7-2", "a".repeat(40)));
+        for name in [Some("a/b\\c:d*e?.mid"), Some("-.-"), None] {
+            let n = s(name);
+            assert!(
+                n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+                "{n}"
+            );
+        }
     }
 }

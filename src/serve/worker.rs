@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::state::{
-    file_url, JobState, ModelInfo, PieceFilesView, PieceView, Shared, Work, PIECE_EXTENSIONS,
+    self, file_url, JobState, ModelInfo, PieceFilesView, PieceView, Shared, Work, PIECE_EXTENSIONS,
 };
 use super::ServeOptions;
 use crate::eval::stats;
@@ -116,6 +116,13 @@ fn studio_roll() -> crate::render::PianoRollOptions {
     }
 }
 
+/// Seconds at which bar `bars + 1` of `score` starts: where a prompt of
+/// `bars` bars ends (none when the piece is no longer than that).
+fn prompt_end_seconds(score: &crate::midi::Score, bars: usize) -> Option<f64> {
+    let starts = score.bar_ticks(score.end_tick());
+    starts.get(bars).map(|&t| score.tick_to_seconds(t))
+}
+
 /// One job, start to end; `Err(Cancelled)` when asked to stop.
 fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
     let Work {
@@ -130,11 +137,12 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
     }
     let t0 = Instant::now();
     shared.update(job, |v| v.state = JobState::Running);
-    m.model.freeze(req.seed);
     let vocab = &m.vocab;
     let prompt = sample::prompt_tokens(&body, req.prompt_bars);
     let programs = pieces::parse_programs(&req.programs, &sample::programs_of(vocab, &prompt))?;
-    let cfg = req.sample_config(programs);
+    let prompt_bars = prompt.iter().filter(|&&t| t == tokenizer::BAR_ID).count();
+    let cfg = req.sample_config(programs, prompt_bars);
+    m.model.freeze(cfg.seed);
     let n = req.num_samples;
     let samples = sample::generate_until(&m.model, vocab, &prompt, n, &cfg, &mut |k| {
         let secs = t0.elapsed().as_secs_f64();
@@ -155,8 +163,9 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
         if cancel.load(Ordering::Relaxed) {
             return Err(Cancelled.into());
         }
+        let stem = state::piece_stem(prompt_name.as_deref(), cfg.seed, i + 1);
         let name = shared
-            .reserve_name()
+            .reserve_name(&stem)
             .with_context(|| format!("cannot create a file in {}", shared.out.display()))?;
         let path = |ext: &str| -> PathBuf { shared.out.join(format!("{name}.{ext}")) };
         let files = pieces::PieceFiles {
@@ -167,17 +176,6 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
             piano_roll: studio_roll(),
         };
         let w = pieces::write_piece(s, vocab, &files, shared.soundfont.as_deref())?;
-        let settings = serde_json::json!({
-            "model": shared.model.name,
-            "prompt": prompt_name,
-            "sample": i + 1,
-            "settings": req,
-            "sample_config": cfg,
-            "prompt_tokens": s.prompt_len,
-            "tokens": s.tokens.len(),
-            "stop": s.stop,
-        });
-        crate::util::write_json(&path("json"), &settings)?;
         let file = |ext: &str| file_url(&format!("{name}.{ext}"));
         let view = PieceView {
             id: 0,
@@ -200,8 +198,24 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
             stop: s.stop,
             stats: stats::piece_stats(&w.score),
             prompt_stats: prompt_stats.clone(),
+            prompt_seconds: (!body.is_empty())
+                .then(|| prompt_end_seconds(&w.score, prompt_bars))
+                .flatten(),
             settings: req.clone(),
         };
+        // The record of the piece; `piece` lets a later studio list it.
+        let settings = serde_json::json!({
+            "model": shared.model.name,
+            "prompt": prompt_name,
+            "sample": i + 1,
+            "settings": req,
+            "sample_config": cfg,
+            "prompt_tokens": s.prompt_len,
+            "tokens": s.tokens.len(),
+            "stop": s.stop,
+            "piece": view,
+        });
+        crate::util::write_json(&path("json"), &settings)?;
         shared.publish(
             PIECE_EXTENSIONS
                 .iter()

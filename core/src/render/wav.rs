@@ -86,6 +86,11 @@ pub struct RenderOptions {
     /// Linear gain applied to the synthesizer's output. [`render_wav`] then
     /// scales down (never up) so that the peak stays below clipping.
     pub gain: f32,
+    /// Loudness [`render_wav`] brings the signal to, as a linear RMS level
+    /// (0.158 = -16 dBFS), up or down, its peak still kept below clipping
+    /// (so a very spiky piece ends up quieter); `None` leaves the level as
+    /// `gain` makes it.
+    pub target_rms: Option<f32>,
 }
 
 impl Default for RenderOptions {
@@ -94,6 +99,7 @@ impl Default for RenderOptions {
             sample_rate: 44_100,
             tail_seconds: 1.0,
             gain: 1.0,
+            target_rms: None,
         }
     }
 }
@@ -110,6 +116,21 @@ pub struct RenderStats {
 
 /// Peak level written by [`render_wav`] at most.
 const PEAK_LIMIT: f32 = 0.98;
+
+/// The gain [`render_wav`] applies to a signal of this peak and RMS: up or
+/// down to `target` RMS when one is set (and the signal is not silence),
+/// else 1; then down as far as needed to keep the peak at [`PEAK_LIMIT`].
+fn level_scale(peak: f32, rms: f32, target: Option<f32>) -> f32 {
+    let wanted = match target {
+        Some(t) if t > 0.0 && rms > 1e-6 => t / rms,
+        _ => 1.0,
+    };
+    if peak * wanted > PEAK_LIMIT {
+        PEAK_LIMIT / peak
+    } else {
+        wanted
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Event {
@@ -346,15 +367,22 @@ pub fn render_wav(
 ) -> Result<RenderStats> {
     let (mut left, mut right) = render_samples(score, soundfont, opts)
         .with_context(|| format!("cannot render audio for {}", out.display()))?;
-    let peak_in =
-        left.iter()
-            .chain(right.iter())
-            .fold(0f32, |m, s| if s.is_finite() { m.max(s.abs()) } else { m });
-    let scale = if peak_in > PEAK_LIMIT {
-        PEAK_LIMIT / peak_in
+    let (peak_in, sq_in) = left
+        .iter()
+        .chain(right.iter())
+        .fold((0f32, 0f64), |(m, q), s| {
+            if s.is_finite() {
+                (m.max(s.abs()), q + f64::from(*s) * f64::from(*s))
+            } else {
+                (m, q)
+            }
+        });
+    let rms_in = if left.is_empty() {
+        0.0
     } else {
-        1.0
+        (sq_in / (2 * left.len()) as f64).sqrt() as f32
     };
+    let scale = level_scale(peak_in, rms_in, opts.target_rms);
     let mut peak = 0f32;
     let mut sum_sq = 0f64;
     for s in left.iter_mut().chain(right.iter_mut()) {
@@ -530,6 +558,7 @@ mod tests {
             sample_rate: 22_050,
             tail_seconds: 0.5,
             gain: 2.0,
+            target_rms: None,
         };
         let (l, r) = render_samples(&s, &sf, &opts).unwrap();
         assert_eq!(l.len(), r.len());
@@ -537,6 +566,22 @@ mod tests {
         assert!((l.len() as f64 - expected).abs() <= 1.0);
         let energy: f32 = l.iter().map(|x| x * x).sum();
         assert!(energy > 1.0, "{energy}");
+    }
+
+    #[test]
+    fn levels_reach_the_target_without_clipping() {
+        // A quiet signal (peak -19 dBFS, RMS -30 dBFS) comes up to -16 dBFS RMS.
+        let (peak, rms) = (0.112, 0.0316);
+        let g = level_scale(peak, rms, Some(0.158));
+        assert!((rms * g - 0.158).abs() < 1e-4, "{g}");
+        // A spiky one stops at the peak limit.
+        let g = level_scale(0.5, 0.01, Some(0.158));
+        assert!((0.5 * g - PEAK_LIMIT).abs() < 1e-6, "{g}");
+        // A loud one comes down; silence and no target are left alone.
+        assert!(level_scale(0.9, 0.4, Some(0.158)) < 1.0);
+        assert_eq!(level_scale(0.0, 0.0, Some(0.158)), 1.0);
+        assert_eq!(level_scale(0.5, 0.1, None), 1.0);
+        assert!((level_scale(1.96, 0.5, None) - 0.5).abs() < 1e-6);
     }
 
     #[test]
