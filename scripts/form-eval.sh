@@ -20,20 +20,22 @@ for row in "${rows[@]}"; do
     [ "$row" = shipped ] && model=models/cadenza-small
     echo "== $row"
     common=(--device cpu --threads "${THREADS:-2}")
-    "$BIN" eval --model "$model" --max-pieces 100 --max-len 1024 "${common[@]}" \
-        --json "$OUT/eval-$row.json" > /dev/null
-    "$BIN" eval --model "$model" --max-pieces 100 --max-len 1024 --ablate favor "${common[@]}" \
-        --json "$OUT/ablate-$row.json" > /dev/null
-    "$BIN" eval --model "$model" --data "$CORPUS/classical/palestrina" "$CORPUS/classical/trecento" \
+    # a report already written is kept (delete it to measure again)
+    run() { local json=${*: -1}; [ -f "$json" ] || "$BIN" "$@" > /dev/null; }
+    run eval --model "$model" --max-pieces 100 --max-len 1024 "${common[@]}" \
+        --json "$OUT/eval-$row.json"
+    run eval --model "$model" --max-pieces 100 --max-len 1024 --ablate favor "${common[@]}" \
+        --json "$OUT/ablate-$row.json"
+    run eval --model "$model" --data "$CORPUS/classical/palestrina" "$CORPUS/classical/trecento" \
         --min-len 2048 --max-len 2048 --max-pieces 6 --context-cut 512 "${common[@]}" \
-        --json "$OUT/ctx-$row.json" > /dev/null
-    "$BIN" continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
-        "${common[@]}" --json "$OUT/cont-$row.json" > /dev/null
+        --json "$OUT/ctx-$row.json"
+    run continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
+        "${common[@]}" --json "$OUT/cont-$row.json"
     # the strain without the repetition guard, and nearly greedy (EXTRA=1)
     if [ -n "${EXTRA:-}" ]; then
-        "$BIN" continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
-            --no-repetition-guard "${common[@]}" --json "$OUT/cont-noguard-$row.json" > /dev/null
-        "$BIN" continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
-            --top-p 0.01 "${common[@]}" --json "$OUT/cont-greedy-$row.json" > /dev/null
+        run continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
+            --no-repetition-guard "${common[@]}" --json "$OUT/cont-noguard-$row.json"
+        run continue-eval --model "$model" --data "$FOLK" --prompt-bars 8 --bars 8 --pieces 60 \
+            --top-p 0.01 "${common[@]}" --json "$OUT/cont-greedy-$row.json"
     fi
 done

@@ -975,7 +975,9 @@ mod tests {
                 assert!(now.narrow(1, keep.0, 32).equal(&was.narrow(1, keep.0, 32)));
             }
             let after = mean_loss(&m, &v, &w);
-            assert!((after - before).abs() > 1e-4, "{ab:?}: {before} -> {after}");
+            // (a random tiny model is nearly uniform: silencing heads moves its loss by
+            // 1e-4 or so, by less with some draws; leaving them on moves it by nothing)
+            assert!((after - before).abs() > 1e-6, "{ab:?}: {before} -> {after}");
 
             // The layout check: the same heads silenced by zeroing their values (rows
             // 2d + h*hd.. of attn_qkv) give the same logits.
