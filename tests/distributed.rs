@@ -104,18 +104,23 @@ fn losses(run: &Path) -> Vec<(u64, f64, f64)> {
 
 fn assert_same_losses(a: &[(u64, f64, f64)], b: &[(u64, f64, f64)]) {
     assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+    let rel = |x: f64, y: f64| (x - y).abs() / x.abs().max(1e-9);
     for (x, y) in a.iter().zip(b) {
         assert_eq!(x.0, y.0);
-        // the same windows and updates; only the order of float sums differs
+        // Step 1 is the same windows and weights, only the order of float sums differs.
+        // Later steps amplify that rounding: AdamW's first updates are about lr * sign(g),
+        // so a gradient element near 0 may move the other way (measured over 20 steps of
+        // this run: losses within 1e-4, gradient norms within 2e-3, relative).
+        let (loss_tol, norm_tol) = if x.0 == 1 { (1e-5, 1e-4) } else { (1e-3, 2e-2) };
         assert!(
-            (x.1 - y.1).abs() <= 1e-4 * x.1.abs().max(1.0),
+            rel(x.1, y.1) <= loss_tol,
             "step {}: loss {} against {}",
             x.0,
             x.1,
             y.1
         );
         assert!(
-            (x.2 - y.2).abs() <= 1e-3 * x.2.abs().max(1.0),
+            rel(x.2, y.2) <= norm_tol,
             "step {}: gradient norm {} against {}",
             x.0,
             x.2,
@@ -224,14 +229,18 @@ fn rank_pid(launcher: u32, rank: usize) -> Option<u32> {
     None
 }
 
-/// Starts a long 2-rank run with `--rank-timeout 4`, waits for its first checkpoint, does
+/// Rank 0 validates, plots and saves between two collectives (in a debug build on a
+/// loaded machine, seconds): the timeout of the failure tests.
+const TIMEOUT_S: u64 = 20;
+
+/// Starts a long 2-rank run with `--rank-timeout TIMEOUT_S`, waits for its first checkpoint, does
 /// `signal` to rank 1, and returns the job's exit code, stderr and seconds from the
 /// signal to the end; then checks that the checkpoint resumes.
 fn signal_rank_1(signal: &str) -> (i32, String, f64) {
     let f = fixture();
     let run = f.root.join("run");
     let mut flags = tiny_flags(&run, &f.data, 100_000, 8);
-    flags.extend(["--rank-timeout".into(), "4".into()]);
+    flags.extend(["--rank-timeout".into(), TIMEOUT_S.to_string()]);
     let dir = tempfile::tempdir().unwrap();
     let err_p = dir.path().join("err");
     let child = mpirun(&[(2, flags)])
@@ -282,14 +291,17 @@ fn signal_rank_1(signal: &str) -> (i32, String, f64) {
 fn a_hung_rank_ends_the_job_after_the_rank_timeout() {
     let (code, err, secs) = signal_rank_1("-STOP");
     assert_ne!(code, 0);
-    assert!(err.contains("no answer from the other ranks for 4 s"), "{err}");
-    // 4 s of timeout, the watchdog's 1/4 s tick, mpirun's clean-up
-    assert!(secs < 30.0, "the job took {secs:.1} s to end");
+    let said = format!("no answer from the other ranks for {TIMEOUT_S} s");
+    assert!(err.contains(&said), "{err}");
+    // the timeout, the watchdog's 1/4 s tick, mpirun's clean-up
+    assert!(secs >= TIMEOUT_S as f64, "the job ended after {secs:.1} s");
+    assert!(secs < TIMEOUT_S as f64 + 15.0, "the job took {secs:.1} s to end");
 }
 
 #[test]
 fn a_killed_rank_ends_the_job() {
     let (code, err, secs) = signal_rank_1("-KILL");
     assert_ne!(code, 0, "{err}");
-    assert!(secs < 30.0, "the job took {secs:.1} s to end:\n{err}");
+    // mpirun ends the job once a rank is gone, long before any timeout
+    assert!(secs < 10.0, "the job took {secs:.1} s to end:\n{err}");
 }

@@ -56,6 +56,7 @@ pub const BUCKET_BYTES: usize = 25 << 20;
 /// Open MPI, MPICH / Intel MPI (Hydra), PMIx (Slurm's srun).
 const LAUNCHER_SIZE_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"];
 /// ... and the rank among the processes of one machine.
+#[cfg_attr(not(feature = "distributed"), allow(dead_code))]
 const LOCAL_RANK_VARS: [&str; 4] = [
     "OMPI_COMM_WORLD_LOCAL_RANK",
     "MPI_LOCALRANKID",
@@ -92,6 +93,7 @@ pub fn launcher_size() -> Option<(String, String)> {
         .find_map(|v| std::env::var(v).ok().map(|s| (v.to_string(), s)))
 }
 
+#[cfg_attr(not(feature = "distributed"), allow(dead_code))]
 fn local_rank_from_env() -> Option<usize> {
     LOCAL_RANK_VARS
         .iter()
@@ -511,6 +513,7 @@ mod watchdog {
     }
 
     impl Watchdog {
+        #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
         pub fn start(rank: usize, size: usize, timeout: u64) -> Arc<Watchdog> {
             let w = Arc::new(Watchdog {
                 armed: Mutex::new(None),
