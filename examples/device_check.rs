@@ -100,7 +100,10 @@ fn spe_filter(t: &mut Table, device: Device) {
     let opts = (Kind::Float, device);
     let x = Tensor::randn([b, l, h, d], opts);
     let code = Tensor::randn([l, h, d, r], opts);
-    let gate = GateFactors::new(&Tensor::randn([h, d], opts), &Tensor::randn([h, d, r], opts));
+    let gate = GateFactors::new(
+        &Tensor::randn([h, d], opts),
+        &Tensor::randn([h, d, r], opts),
+    );
     t.row(
         "gated SPE filter == its libtorch form",
         rel(
@@ -111,7 +114,11 @@ fn spe_filter(t: &mut Table, device: Device) {
     );
 }
 
-fn model(preset: &str, device: Device, precision: Precision) -> Result<(nn::VarStore, Transformer)> {
+fn model(
+    preset: &str,
+    device: Device,
+    precision: Precision,
+) -> Result<(nn::VarStore, Transformer)> {
     tch::manual_seed(7);
     let cfg = ModelConfig::preset(preset, VOCAB)?;
     let vs = nn::VarStore::new(device);
@@ -132,7 +139,11 @@ fn recurrence(t: &mut Table, preset: &str, device: Device, precision: Precision)
         let lg = m.step(&toks.select(1, i), &mut st);
         err = err.max(rel(&lg, &full.select(1, i)));
     }
-    let bound = if precision == Precision::Bf16 { 3e-2 } else { 1e-4 };
+    let bound = if precision == Precision::Bf16 {
+        3e-2
+    } else {
+        1e-4
+    };
     t.row(
         &format!("{preset} {precision}: recurrence == parallel form"),
         err,
@@ -147,7 +158,10 @@ fn greedy(m: &Transformer, n: usize, device: Device) -> (Vec<i64>, Vec<Tensor>) 
     let mut tok = Tensor::from_slice(&[cadenza::tokenizer::BOS_ID as i64]).to_device(device);
     let (mut out, mut logits) = (Vec::new(), Vec::new());
     for _ in 0..n {
-        let lg = m.step(&tok, &mut st).to_device(Device::Cpu).to_kind(Kind::Float);
+        let lg = m
+            .step(&tok, &mut st)
+            .to_device(Device::Cpu)
+            .to_kind(Kind::Float);
         let next = lg.argmax(-1, false);
         out.push(next.int64_value(&[0]));
         logits.push(lg);

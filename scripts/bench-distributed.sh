@@ -2,8 +2,10 @@
 # Data-parallel training on this machine: 1 process x THREADS threads against
 # RANKS MPI ranks x THREADS/RANKS threads each, the same global batch and windows
 # (`cadenza train` of PRESET on the tokenized midi_samples/). Prints one markdown
-# table: median tokens/s over the timed steps (all but the first WARMUP), the median
-# seconds per step spent in the gradient all-reduce, and its share of the step.
+# table: median tokens/s over the timed steps (all but the first WARMUP), and the
+# median seconds per step spent waiting for the slowest rank (the step's first
+# collective, the loss) and summing the gradients once the ranks have met (the
+# transfer: one 13 MiB all-reduce for `small`), with their share of the step.
 # Needs a build with --features distributed (make bench-distributed builds it in
 # release) and Open MPI. Give it the machine alone: libtorch threads spin.
 #
@@ -38,16 +40,18 @@ def rows(run):
     return m[int(warm):]
 print(f"`{preset}`, L {seq}, global batch {batch}, CPU, f32; median over the timed steps")
 print()
-print("| layout | tokens/s | all-reduce s/step | share of the step |")
-print("|---|---|---|---|")
+print("| layout | tokens/s | s/step | waiting for the slowest rank, s/step | gradient all-reduce, s/step | both, share of the step |")
+print("|---|---|---|---|---|---|")
 for run, name in [("one", f"1 process x {threads} threads"),
                   ("ranks", f"{ranks} ranks x {max(int(threads) // int(ranks), 1)} thread(s)")]:
     m = rows(run)
     tps = st.median(r["tokens_per_s"] for r in m)
     step = st.median(int(batch) * int(seq) / r["tokens_per_s"] for r in m)
     comm = [r["comm_s"] for r in m if "comm_s" in r]
+    wait = [r["wait_s"] for r in m if "wait_s" in r]
     c = st.median(comm) if comm else 0.0
-    print(f"| {name} | {tps:.0f} | {c:.4f} | {100 * c / step:.1f}% |")
+    w = st.median(wait) if wait else 0.0
+    print(f"| {name} | {tps:.0f} | {step:.3f} | {w:.4f} | {c:.4f} | {100 * (c + w) / step:.1f}% |")
 if int(load) > 0:
     print()
     print("(taken while another `cadenza train` ran on the machine: figures under load)")

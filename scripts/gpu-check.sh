@@ -112,11 +112,11 @@ if [ "$rust_ok" = 1 ]; then
   done
   if [ -d "$work/run-$small/best" ]; then
     for d in "$device" cpu; do
-      "$bin/cadenza" generate --model "$work/run-$small" --device "$d" --seed 5 --max-tokens 256 \
+      "$bin/cadenza" generate --model "$work/run-$small" --device "$d" --precision f32 --seed 5 --tokens 256 \
         -o "$work/gen-$d.mid" >/dev/null 2>"$work/gen-$d.err" || { cat "$work/gen-$d.err"; failed=1; }
     done
     if cmp -s "$work/gen-$device.mid" "$work/gen-cpu.mid"; then same=same; else same=different; fi
-    printf '| generate --seed 5 --max-tokens 256 | %s on %s and on the CPU |\n|---|---|\n' "$same" "$device" \
+    printf '| generate --seed 5 --tokens 256 | %s on %s and on the CPU |\n|---|---|\n' "$same" "$device" \
       | tee "$out/generate.md"
   fi
 fi

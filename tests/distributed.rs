@@ -55,7 +55,10 @@ fn mpirun(apps: &[(usize, Vec<String>)]) -> Command {
         if i > 0 {
             c.arg(":");
         }
-        c.arg("-np").arg(n.to_string()).arg(common::bin()).args(args);
+        c.arg("-np")
+            .arg(n.to_string())
+            .arg(common::bin())
+            .args(args);
     }
     c.stdin(Stdio::null());
     c
@@ -159,8 +162,14 @@ fn two_ranks_of_batch_4_reproduce_one_process_of_batch_8_and_resume_on_one() {
     assert_eq!(a.len(), 20);
     assert_same_losses(&a, &b);
     // every step of two ranks spent time communicating; rank 0 alone wrote
-    assert!(read_metrics(&two).unwrap().iter().all(|m| m.comm_s.is_some()));
-    assert!(read_metrics(&one).unwrap().iter().all(|m| m.comm_s.is_none()));
+    assert!(read_metrics(&two)
+        .unwrap()
+        .iter()
+        .all(|m| m.comm_s.is_some()));
+    assert!(read_metrics(&one)
+        .unwrap()
+        .iter()
+        .all(|m| m.comm_s.is_none()));
 
     // stopped at step 10 on two ranks, resumed on one: the same last 10 steps
     let half = f.root.join("half");
@@ -207,7 +216,10 @@ fn ranks_that_disagree_or_cannot_share_the_batch_are_refused() {
     let run = f.root.join("odd");
     let (code, err, _) = finish(mpirun(&[(2, tiny_flags(&run, &f.data, 20, 3))]), 300.0);
     assert_ne!(code, 0);
-    assert!(err.contains("--batch 3 cannot be shared by 2 ranks"), "{err}");
+    assert!(
+        err.contains("--batch 3 cannot be shared by 2 ranks"),
+        "{err}"
+    );
 }
 
 /// The pid of rank `rank` among the processes `mpirun` (pid `launcher`) started.
@@ -217,7 +229,10 @@ fn rank_pid(launcher: u32, rank: usize) -> Option<u32> {
     while let Some(p) = todo.pop() {
         for task in std::fs::read_dir(format!("/proc/{p}/task")).ok()?.flatten() {
             let kids = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for k in kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()) {
+            for k in kids
+                .split_whitespace()
+                .filter_map(|k| k.parse::<u32>().ok())
+            {
                 let env = std::fs::read(format!("/proc/{k}/environ")).unwrap_or_default();
                 if env.split(|&b| b == 0).any(|v| v == want.as_bytes()) {
                     return Some(k);
@@ -261,12 +276,12 @@ fn signal_rank_1(signal: &str) -> (i32, String, f64) {
         .unwrap();
     assert!(st.success());
     let (code, secs) = wait(child, 120.0);
+    eprintln!("kill {signal} to rank 1: the job ended {secs:.1} s later (exit code {code})");
     let err = std::fs::read_to_string(err_p).unwrap_or_default();
     // the last checkpoint stays valid: one more step from it on one process
-    let state: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(run.join("checkpoint/state.json")).unwrap(),
-    )
-    .unwrap();
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("checkpoint/state.json")).unwrap())
+            .unwrap();
     let step = state["step"].as_u64().unwrap();
     let (c, e) = single(
         &[
@@ -295,7 +310,10 @@ fn a_hung_rank_ends_the_job_after_the_rank_timeout() {
     assert!(err.contains(&said), "{err}");
     // the timeout, the watchdog's 1/4 s tick, mpirun's clean-up
     assert!(secs >= TIMEOUT_S as f64, "the job ended after {secs:.1} s");
-    assert!(secs < TIMEOUT_S as f64 + 15.0, "the job took {secs:.1} s to end");
+    assert!(
+        secs < TIMEOUT_S as f64 + 15.0,
+        "the job took {secs:.1} s to end"
+    );
 }
 
 #[test]

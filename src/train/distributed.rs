@@ -522,8 +522,7 @@ mod watchdog {
             std::thread::spawn(move || loop {
                 std::thread::sleep(Duration::from_millis(250));
                 let late = *seen.armed.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some((what, deadline)) = late.filter(|l| Instant::now() > l.1) {
-                    let _ = deadline;
+                if let Some((what, _)) = late.filter(|l| Instant::now() > l.1) {
                     eprintln!(
                         "error: rank {rank}/{size}: no answer from the other ranks for {timeout} s \
                          in {what}: a rank hangs or died (--rank-timeout {timeout}); ending the \
@@ -609,7 +608,10 @@ mod tests {
         assert_eq!(d.device(Some("cpu"), Device::Cpu).unwrap(), Device::Cpu);
         let p = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
         (&p * 2.0).sum(Kind::Float).backward();
-        assert_eq!(d.sum_gradients(&[p.shallow_clone()]).unwrap(), Duration::ZERO);
+        assert_eq!(
+            d.sum_gradients(&[p.shallow_clone()]).unwrap(),
+            Duration::ZERO
+        );
         assert_eq!(Vec::<f32>::try_from(&p.grad()).unwrap(), vec![2.0; 3]);
         assert_eq!(d.tag(), "");
     }

@@ -82,6 +82,9 @@ pub struct Metrics {
     /// Seconds of the step spent summing gradients over the ranks (runs of several ranks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm_s: Option<f64>,
+    /// Seconds of the step spent waiting for the slowest rank to finish its backward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_s: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -646,7 +649,10 @@ fn check_ranks_agree(
     let pieces = split.train.iter().chain(&split.val).map(|p| &p.ids[..]);
     let schedule = [steps.0.to_le_bytes(), steps.1.to_le_bytes()].concat();
     dist.check_same(&[
-        ("configuration", distributed::fingerprint(serde_json::to_vec(&c)?)),
+        (
+            "configuration",
+            distributed::fingerprint(serde_json::to_vec(&c)?),
+        ),
         ("vocabulary", distributed::fingerprint(vocab.hash().bytes())),
         ("data", distributed::fingerprint_ids(pieces)),
         ("start or stop step", distributed::fingerprint(schedule)),
@@ -683,15 +689,18 @@ fn broadcast_model(
 /// What a step of several ranks reports beside its loss.
 #[derive(Debug, Clone, Copy)]
 struct StepComm {
-    /// Seconds spent summing gradients.
+    /// Seconds spent summing gradients (the ranks already met: the transfer).
     seconds: f64,
+    /// Seconds spent in the first collective of the step, waiting for the slowest rank.
+    wait: f64,
     /// Whether some rank was interrupted (Ctrl-C, SIGTERM).
     stop: bool,
 }
 
 /// One rank's part of a step of several ranks: the loss of its rows of the global batch
-/// `ids`, weighted by their share of its targets, backpropagated; the gradients, the loss
-/// and the interrupt flag summed over the ranks. Returns the global batch's mean loss.
+/// `ids`, weighted by their share of its targets, backpropagated; the loss and the
+/// interrupt flag summed over the ranks (where they wait for the slowest), then the
+/// gradients. Returns the global batch's mean loss.
 fn rank_step(
     dist: &distributed::Dist,
     model: &mut Transformer,
@@ -713,13 +722,19 @@ fn rank_step(
     let batch = to_batch(mine, rows.len() as i64, device);
     let loss = train_loss(model, &batch) * weight;
     loss.backward();
-    let seconds = dist.sum_gradients(params)?.as_secs_f64();
-    let mut sums = [loss.double_value(&[]), flag.load(Ordering::SeqCst) as u8 as f64];
+    let mut sums = [
+        loss.double_value(&[]),
+        flag.load(Ordering::SeqCst) as u8 as f64,
+    ];
+    let t0 = Instant::now();
     dist.sum_scalars(&mut sums);
+    let wait = t0.elapsed().as_secs_f64();
+    let seconds = dist.sum_gradients(params)?.as_secs_f64();
     Ok((
         sums[0],
         StepComm {
             seconds,
+            wait,
             stop: sums[1] > 0.0,
         },
     ))
@@ -741,14 +756,13 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         );
     }
     if dist.is_root() {
-        std::fs::create_dir_all(run)
-            .with_context(|| format!("cannot create {}", run.display()))?;
+        std::fs::create_dir_all(run).with_context(|| format!("cannot create {}", run.display()))?;
     }
     // One process (one job) trains in a run folder at a time.
-    let _lock = match dist.is_root() {
-        true => Some(checkpoint::RunLock::acquire(run)?),
-        false => None,
-    };
+    let _lock = dist
+        .is_root()
+        .then(|| checkpoint::RunLock::acquire(run))
+        .transpose()?;
     let vocab = if o.resume {
         Vocab::load(&run.join(VOCAB_FILE))?
     } else {
@@ -939,6 +953,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             grad_norm: Some(grad_norm),
             tokens_per_s: Some(tps),
             comm_s: comm.map(|c| c.seconds),
+            wait_s: comm.map(|c| c.wait),
         };
         let done = state.step >= last_step;
         // several ranks stop together: at the step where one of them saw the flag
