@@ -93,7 +93,9 @@ fi
 failed=0
 if [ "$rust_ok" = 1 ]; then
   echo "## 1. identities on $device"
-  "$bin/device_check" --device "$device" --presets "$presets" | tee "$out/identities.md" || failed=1
+  check=$bin/device_check
+  [ -x "$check" ] || check=$bin/examples/device_check   # a cargo target folder
+  "$check" --device "$device" --presets "$presets" | tee "$out/identities.md" || failed=1
 
   echo "## 2. training under bf16 autocast"
   "$bin/cadenza" tokenize midi_samples -o "$work/data" >/dev/null
