@@ -16,7 +16,11 @@
 # The GPU machine has Python and torch but no Rust toolchain and no package registry,
 # and only 64 MiB of files travel to it. So the binaries are built here:
 #   scripts/gpu-check.sh --pack        # release cadenza, cadenza-torch, device_check,
-#                                      # stripped, into runs/gpu-pack (about 30 MiB)
+#                                      # stripped, into runs/gpu-pack (19 MiB)
+# It builds with CADENZA_CUDA=1 (build.rs: link libtorch_cuda.so, whose CUDA libraries
+# this machine's slim .venv lacks, so the link itself is the first thing to check) and
+# without --features distributed (the GPU machine has no MPI: a binary that needs
+# libmpi.so.40 would not start there).
 # and the pack travels with the working tree (the device tool's `carry: ["runs/gpu-pack"]`);
 # there, the script links them against the machine's own torch (its lib folder on
 # LD_LIBRARY_PATH). They were built against libtorch $(cat runs/gpu-pack/TORCH_VERSION)
@@ -42,7 +46,10 @@ pack=${PACK:-runs/gpu-pack}
 python=${PYTHON:-python3}
 
 if [ "$mode" = pack ]; then
-  cargo build --release --bin cadenza --bin cadenza-torch --example device_check
+  CADENZA_CUDA=1 cargo build --release --bin cadenza --bin cadenza-torch --example device_check
+  if readelf -d target/release/cadenza-torch | grep -q 'libmpi'; then
+    echo "gpu-check --pack: cadenza-torch needs MPI (built with --features distributed?)" >&2; exit 1
+  fi
   mkdir -p "$pack"
   for b in target/release/cadenza target/release/cadenza-torch target/release/examples/device_check; do
     cp "$b" "$pack/"
