@@ -5,7 +5,7 @@
 # table: median tokens/s over the timed steps (all but the first WARMUP), and the
 # median seconds per step spent waiting for the slowest rank (the step's first
 # collective, the loss) and summing the gradients once the ranks have met (the
-# transfer: one 13 MiB all-reduce for `small`), with their share of the step.
+# transfer: one 14 MiB all-reduce for `small`), with their share of the step.
 # Needs a build with --features distributed (make bench-distributed builds it in
 # release) and Open MPI. Give it the machine alone: libtorch threads spin.
 #
