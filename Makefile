@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: demo test setup corpus-test bench fmt browser-test studio-screenshot
+.PHONY: demo test setup corpus-test bench fmt browser-test studio-screenshot distributed-test bench-distributed
 
 setup:
 	@bash scripts/setup.sh
@@ -36,6 +36,20 @@ studio-screenshot: setup
 	@bash scripts/setup-browser.sh
 	CADENZA_REQUIRE_BROWSER=1 CADENZA_STUDIO_MODEL=models/cadenza-small \
 	  CADENZA_STUDIO_SCREENSHOT=docs/studio.png $(CARGO) test --test browser -- --nocapture
+
+# Data-parallel training over MPI on localhost (2 ranks of the tiny preset): installs
+# Open MPI and libclang when root and missing, builds with --features distributed.
+# As root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT (the test sets it for its mpirun).
+distributed-test: setup
+	@bash scripts/setup-mpi.sh
+	$(CARGO) clippy --features distributed --all-targets -- -D warnings
+	$(CARGO) test --features distributed --test distributed -- --test-threads 2
+	$(CARGO) test --features distributed --lib train::distributed
+
+# 2 ranks x 1 thread against 1 process x 2 threads (docs/distributed.md).
+bench-distributed: setup
+	@bash scripts/setup-mpi.sh
+	@bash scripts/bench-distributed.sh
 
 bench: setup
 	$(CARGO) bench

@@ -141,12 +141,25 @@ pub fn catch_panic<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
     })
 }
 
-/// Whether process `pid` is alive (Linux `/proc`); `None` where unknown.
+/// Whether process `pid` is alive (Linux `/proc`; a zombie is not); `None` where unknown.
 pub fn pid_alive(pid: u32) -> Option<bool> {
     if !Path::new("/proc/self").exists() {
         return None;
     }
-    Some(Path::new("/proc").join(pid.to_string()).exists())
+    let stat = Path::new("/proc").join(pid.to_string()).join("stat");
+    match std::fs::read_to_string(stat) {
+        Ok(text) => Some(!stat_is_zombie(&text)),
+        Err(_) => Some(false),
+    }
+}
+
+/// Whether a `/proc/PID/stat` line is that of a zombie (state `Z`: exited, not yet
+/// reaped; a container whose init does not reap keeps them, e.g. the ranks of an
+/// `mpirun` that was ended). The state follows the last `)` (the name may hold any).
+fn stat_is_zombie(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .is_some_and(|c| c == 'Z' || c == 'X')
 }
 
 /// The pid in a temporary name this crate writes (`.NAME.<pid>.tmp`,
@@ -411,6 +424,14 @@ impl Drop for RemoveOnSignal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zombies_are_not_alive() {
+        assert!(stat_is_zombie("10568 (cadenza-torch) Z 1 10568"));
+        assert!(!stat_is_zombie("10564 (a) Z) S 8452 10564"));
+        assert!(!stat_is_zombie("1 (init) S 0 1"));
+        assert_eq!(pid_alive(std::process::id()), Some(true));
+    }
 
     #[test]
     fn excerpts_are_bounded_and_escape_control_characters() {

@@ -18,7 +18,10 @@ import resource
 import sys
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # bench_sdpa.py uses the model alone (the GPU check has torch only)
+    np = None
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -83,6 +83,11 @@ pub struct TrainArgs {
     /// the schedule start anew. Recorded in the run's config.json.
     #[arg(long, conflicts_with = "resume")]
     pub init: Option<PathBuf>,
+    /// Under `mpirun` (a build with `--features distributed`): seconds a rank waits for
+    /// the others in a step before it ends the job (a rank hangs or died). Must exceed
+    /// rank 0's longest validation plus checkpoint.
+    #[arg(long, default_value_t = train::distributed::DEFAULT_RANK_TIMEOUT_S)]
+    pub rank_timeout: u64,
 }
 
 /// `cadenza eval`.
@@ -294,7 +299,7 @@ fn spec_options(s: RunSpec) -> train::TrainOptions {
     }
 }
 
-fn options(a: TrainArgs) -> train::TrainOptions {
+fn options(a: TrainArgs, dist: &train::distributed::Dist) -> train::TrainOptions {
     train::TrainOptions {
         run_dir: a.output.clone(),
         device: device_name(a.device),
@@ -305,6 +310,7 @@ fn options(a: TrainArgs) -> train::TrainOptions {
         precision: a.precision,
         init: a.init,
         progress: true,
+        dist: dist.clone(),
         ..spec_options(a.spec)
     }
 }
@@ -347,8 +353,14 @@ pub fn train(a: TrainArgs) -> Result<i32> {
         }
         plan.check()?;
     }
-    let opts = options(a);
-    let s = train::train(&opts)?;
+    // Joins the job when `mpirun` started this process (finalizes MPI on drop).
+    let session = train::distributed::Session::start(a.rank_timeout)?;
+    let dist = session.dist().clone();
+    let opts = options(a, &dist);
+    let s = train::train(&opts).map_err(|e| session.fail(e))?;
+    if !dist.is_root() {
+        return Ok(if s.interrupted { 130 } else { 0 });
+    }
     info!(
         "step {}: train loss {:.4}, validation loss {}, {:.0} tokens/s{}",
         s.steps_done,

@@ -9,6 +9,7 @@ pub mod adamw;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod distributed;
 pub mod eval;
 
 use std::io::{IsTerminal, Write};
@@ -62,6 +63,8 @@ pub struct TrainOptions {
     /// Start from this trained model's weights (same vocabulary and parameter shapes).
     pub init: Option<PathBuf>,
     pub progress: bool,
+    /// This process's place in a data-parallel run (one process by default).
+    pub dist: distributed::Dist,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -76,6 +79,12 @@ pub struct Metrics {
     pub grad_norm: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_s: Option<f64>,
+    /// Seconds of the step spent summing gradients over the ranks (runs of several ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_s: Option<f64>,
+    /// Seconds of the step spent waiting for the slowest rank to finish its backward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_s: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -629,19 +638,139 @@ fn check_resume_step(o: &TrainOptions, cfg: &RunConfig) -> Result<()> {
     Ok(())
 }
 
+/// Refuses ranks that would not train the same model on the same data over the same
+/// steps (a run of several ranks; see [`distributed`]).
+fn check_ranks_agree(
+    dist: &distributed::Dist,
+    cfg: &RunConfig,
+    vocab: &Vocab,
+    split: &data::Split,
+    steps: (u64, u64),
+) -> Result<()> {
+    if dist.is_single() {
+        return Ok(());
+    }
+    let mut c = cfg.clone();
+    // the threads and the dataset's path may differ between machines
+    c.train.threads = 0;
+    c.dataset.clear();
+    let pieces = split.train.iter().chain(&split.val).map(|p| &p.ids[..]);
+    let schedule = [steps.0.to_le_bytes(), steps.1.to_le_bytes()].concat();
+    dist.check_same(&[
+        (
+            "configuration",
+            distributed::fingerprint(serde_json::to_vec(&c)?),
+        ),
+        ("vocabulary", distributed::fingerprint(vocab.hash().bytes())),
+        ("data", distributed::fingerprint_ids(pieces)),
+        ("start or stop step", distributed::fingerprint(schedule)),
+        (
+            "version of cadenza",
+            distributed::fingerprint(env!("CARGO_PKG_VERSION").bytes()),
+        ),
+    ])
+}
+
+/// Gives every rank rank 0's parameters and FAVOR+ training projections; returns the
+/// trainable parameters in the order every rank sums their gradients (by name).
+fn broadcast_model(
+    dist: &distributed::Dist,
+    vs: &VarStore,
+    model: &mut Transformer,
+) -> Result<Vec<Tensor>> {
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let all: Vec<Tensor> = vars.iter().map(|v| v.1.shallow_clone()).collect();
+    dist.broadcast(&all)?;
+    let projections = model.training_projections();
+    if !dist.is_single() && !projections.is_empty() {
+        dist.broadcast(&projections)?;
+        model.set_training_projections(&projections)?;
+    }
+    Ok(vars
+        .into_iter()
+        .filter(|v| v.1.requires_grad())
+        .map(|v| v.1)
+        .collect())
+}
+
+/// What a step of several ranks reports beside its loss.
+#[derive(Debug, Clone, Copy)]
+struct StepComm {
+    /// Seconds spent summing gradients (the ranks already met: the transfer).
+    seconds: f64,
+    /// Seconds spent in the first collective of the step, waiting for the slowest rank.
+    wait: f64,
+    /// Whether some rank was interrupted (Ctrl-C, SIGTERM).
+    stop: bool,
+}
+
+/// One rank's part of a step of several ranks: the loss of its rows of the global batch
+/// `ids`, weighted by their share of its targets, backpropagated; the loss and the
+/// interrupt flag summed over the ranks (where they wait for the slowest), then the
+/// gradients. Returns the global batch's mean loss.
+fn rank_step(
+    dist: &distributed::Dist,
+    model: &mut Transformer,
+    params: &[Tensor],
+    ids: &[i64],
+    window: usize,
+    device: Device,
+    flag: &AtomicBool,
+) -> Result<(f64, StepComm)> {
+    let rows = dist.rows(ids.len() / window);
+    let weight = distributed::target_weight(ids, window, rows.clone());
+    if weight == 0.0 {
+        bail!(
+            "{}the rows {rows:?} of the step's batch hold no target token",
+            dist.tag()
+        );
+    }
+    let mine = &ids[rows.start * window..rows.end * window];
+    let batch = to_batch(mine, rows.len() as i64, device);
+    let loss = train_loss(model, &batch) * weight;
+    loss.backward();
+    let mut sums = [
+        loss.double_value(&[]),
+        flag.load(Ordering::SeqCst) as u8 as f64,
+    ];
+    let t0 = Instant::now();
+    dist.sum_scalars(&mut sums);
+    let wait = t0.elapsed().as_secs_f64();
+    let seconds = dist.sum_gradients(params)?.as_secs_f64();
+    Ok((
+        sums[0],
+        StepComm {
+            seconds,
+            wait,
+            stop: sums[1] > 0.0,
+        },
+    ))
+}
+
 /// Trains (or resumes) a run.
 pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     let run = &o.run_dir;
+    let dist = &o.dist;
     check_train_flags(o)?;
+    // Rank 0 alone writes the run folder; the others read it once it has.
+    if !dist.is_root() {
+        dist.barrier();
+    }
     if o.resume && !run.join(CONFIG_FILE).is_file() {
         bail!(
             "--resume: {} is not a run folder (no {CONFIG_FILE})",
             run.display()
         );
     }
-    std::fs::create_dir_all(run).with_context(|| format!("cannot create {}", run.display()))?;
-    // One process trains in a run folder at a time.
-    let _lock = checkpoint::RunLock::acquire(run)?;
+    if dist.is_root() {
+        std::fs::create_dir_all(run).with_context(|| format!("cannot create {}", run.display()))?;
+    }
+    // One process (one job) trains in a run folder at a time.
+    let _lock = dist
+        .is_root()
+        .then(|| checkpoint::RunLock::acquire(run))
+        .transpose()?;
     let vocab = if o.resume {
         Vocab::load(&run.join(VOCAB_FILE))?
     } else {
@@ -651,13 +780,17 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         }
     };
     let mut cfg = resolve_config(o, &vocab)?;
+    dist.check_batch(cfg.train.batch)?;
     if o.resume {
         check_resume_step(o, &cfg)?;
     }
     checkpoint::check_vocab(&cfg, &vocab, &run.join(VOCAB_FILE))?;
-    let device = checkpoint::parse_device(o.device.as_deref())?;
+    let device = dist.device(
+        o.device.as_deref(),
+        checkpoint::parse_device(o.device.as_deref())?,
+    )?;
     let precision = resolve_precision(o, &mut cfg.train, device)?;
-    if !o.resume && checkpoint::checkpoint_dir(run).is_some() {
+    if !o.resume && dist.is_root() && checkpoint::checkpoint_dir(run).is_some() {
         bail!(
             "{} already holds a trained run: pass --resume to continue it, or choose another folder",
             run.display()
@@ -686,16 +819,19 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         );
     }
     cfg.dataset = checkpoint::relative_dataset(run, &data_path);
-    if !o.resume {
-        checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
-        vocab.save(&run.join(VOCAB_FILE))?;
-    } else if o.extend {
-        // The new schedule length is part of the run from now on.
-        checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
+    if dist.is_root() {
+        if !o.resume {
+            checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
+            vocab.save(&run.join(VOCAB_FILE))?;
+        } else if o.extend {
+            // The new schedule length is part of the run from now on.
+            checkpoint::write_json(&run.join(CONFIG_FILE), &cfg)?;
+        }
+        // The sampling defaults `generate` reads beside the config (a run
+        // resumed from before they existed gets them too; one edited is kept).
+        checkpoint::write_generation_config(run)?;
+        dist.barrier();
     }
-    // The sampling defaults `generate` reads beside the config (a run
-    // resumed from before they existed gets them too; one edited is kept).
-    checkpoint::write_generation_config(run)?;
     if let Some(t) = o.threads {
         cfg.train.threads = t;
     }
@@ -754,16 +890,22 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         }
         checkpoint::load_training_projections(&dir, &mut model)?;
         state = checkpoint::read_json(&dir.join(checkpoint::STATE_FILE))?;
-        truncate_metrics(run, state.step)?;
+        if dist.is_root() {
+            truncate_metrics(run, state.step)?;
+        }
     } else {
         if let Some(init) = &o.init {
             init_weights(init, &cfg, &mut vs, &run.join(CONFIG_FILE))?;
         }
-        truncate_metrics(run, 0)?;
+        if dist.is_root() {
+            truncate_metrics(run, 0)?;
+        }
     }
+    let params = broadcast_model(dist, &vs, &mut model)?;
     let last_step = o.stop_after.unwrap_or(tc.steps).min(tc.steps);
+    check_ranks_agree(dist, &cfg, &vocab, &split, (state.step, last_step))?;
     let flag = interrupt_flag();
-    let pb = if o.progress {
+    let pb = if o.progress && dist.is_root() {
         indicatif::ProgressBar::new(tc.steps)
     } else {
         indicatif::ProgressBar::hidden()
@@ -786,14 +928,20 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         let t0 = Instant::now();
         tch::manual_seed((tc.seed ^ step.wrapping_mul(0x2545_f491_4f6c_dd1d)) as i64 & i64::MAX);
         let ids = batcher.batch(step, tc.batch as usize, window);
-        let batch = to_batch(&ids, tc.batch, device);
         let lr = tc.lr_at(step);
         opt.zero_grad();
-        let loss = train_loss(&mut model, &batch);
-        loss.backward();
+        let (loss, comm) = if dist.is_single() {
+            let batch = to_batch(&ids, tc.batch, device);
+            let loss = train_loss(&mut model, &batch);
+            loss.backward();
+            (loss.double_value(&[]), None)
+        } else {
+            let (loss, comm) = rank_step(dist, &mut model, &params, &ids, window, device, &flag)?;
+            (loss, Some(comm))
+        };
         let grad_norm = opt.clip_grad_norm(tc.grad_clip);
         opt.update(lr);
-        last_loss = loss.double_value(&[]);
+        last_loss = loss;
         if !last_loss.is_finite() {
             bail!(
                 "{}: training diverged at step {step} (loss {last_loss}, learning rate {lr:.2e} \
@@ -812,9 +960,18 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             lr,
             grad_norm: Some(grad_norm),
             tokens_per_s: Some(tps),
+            comm_s: comm.map(|c| c.seconds),
+            wait_s: comm.map(|c| c.wait),
         };
         let done = state.step >= last_step;
-        interrupted = flag.load(Ordering::SeqCst);
+        // several ranks stop together: at the step where one of them saw the flag
+        interrupted = comm.map_or_else(|| flag.load(Ordering::SeqCst), |c| c.stop);
+        if !dist.is_root() {
+            if interrupted {
+                break;
+            }
+            continue;
+        }
         let mut improved = false;
         if state.step.is_multiple_of(tc.val_every) || done {
             let v = validation_loss(&model, &val_windows, tc.batch as usize, device);
