@@ -509,7 +509,6 @@ fn twenty_concurrent_requests_are_all_answered() {
 #[test]
 fn the_serve_command_listens_on_loopback_and_names_its_url() {
     let _measured = MEASURED.read().unwrap_or_else(|e| e.into_inner());
-    use std::io::BufRead;
     let out = tempfile::tempdir().unwrap();
     let bin = env!("CARGO_BIN_EXE_cadenza");
     // A model folder that is not there: a clear error, no server.
@@ -525,28 +524,7 @@ fn the_serve_command_listens_on_loopback_and_names_its_url() {
         "{err}"
     );
 
-    let mut child = std::process::Command::new(bin)
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--model",
-        ])
-        .arg(support::tiny_model())
-        .arg("--out")
-        .arg(out.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut child, line) = spawn_studio(out.path());
     let url = line
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
@@ -561,6 +539,35 @@ fn the_serve_command_listens_on_loopback_and_names_its_url() {
     let (status, info) = answer.unwrap();
     assert_eq!(status, 200);
     assert_eq!(info["samples"].as_array().unwrap().len(), 3, "{info}");
+}
+
+/// `cadenza serve` of the tiny model on a free port, writing to `out`: the
+/// process and the first line it prints (the one with the URL).
+fn spawn_studio(out: &Path) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cadenza"))
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--model",
+        ])
+        .arg(support::tiny_model())
+        .arg("--out")
+        .arg(out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
 }
 
 /// Sends `request` (a whole HTTP/1.1 request) over a new connection and
@@ -770,7 +777,7 @@ fn big_wav(path: &Path, seconds: u32) {
 #[test]
 fn the_serve_command_outlives_clients_that_hang_up_and_streams_large_files() {
     let _measured = MEASURED.read().unwrap_or_else(|e| e.into_inner());
-    use std::io::{BufRead, Read, Write};
+    use std::io::{Read, Write};
     // A piece made by a studio in this process; then its WAV is made large
     // (200 s, 34 MiB) and a `cadenza serve` process lists it at start.
     let out = tempfile::tempdir().unwrap();
@@ -802,30 +809,8 @@ fn the_serve_command_outlives_clients_that_hang_up_and_streams_large_files() {
     };
     assert!(size > 32 << 20, "{size}");
 
-    let bin = env!("CARGO_BIN_EXE_cadenza");
-    let mut child = std::process::Command::new(bin)
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--model",
-        ])
-        .arg(support::tiny_model())
-        .arg("--out")
-        .arg(out.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, line) = spawn_studio(out.path());
     let pid = child.id();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
     let url = line
         .split_whitespace()
         .find(|w| w.starts_with("http://"))

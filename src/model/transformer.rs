@@ -314,16 +314,14 @@ impl Transformer {
         state: Option<&mut RecurrentState>,
     ) -> Option<Vec<Vec<ClockState>>> {
         let m = self.cfg.musical_rope.as_ref()?;
-        let (b, l) = tokens.size2().expect("tokens must be (B, L)");
-        let ids = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu).contiguous().view([-1]))
-            .expect("int64 token ids");
-        let mut fresh = vec![ClockState::default(); b as usize];
+        let (rows, b) = token_rows(tokens);
+        let mut fresh = vec![ClockState::default(); b];
         let clocks = match state {
             Some(s) => &mut s.clock,
             None => &mut fresh,
         };
         Some(
-            ids.chunks(l.max(1) as usize)
+            rows.iter()
                 .zip(clocks.iter_mut())
                 .map(|(row, c)| clock::coordinates(row, c, m))
                 .collect(),
@@ -334,20 +332,18 @@ impl Transformer {
     /// sequence, from the state's bar indices (which they advance) or from "not known".
     fn bar_rows(&self, tokens: &Tensor, state: Option<&mut RecurrentState>) -> Option<Tensor> {
         let n = self.cfg.bar_embedding?;
-        let (b, l) = tokens.size2().expect("tokens must be (B, L)");
-        let ids = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu).contiguous().view([-1]))
-            .expect("int64 token ids");
-        let mut fresh = vec![BarIndex::default(); b as usize];
+        let (rows, b) = token_rows(tokens);
+        let mut fresh = vec![BarIndex::default(); b];
         let at = match state {
             Some(s) => &mut s.bars,
             None => &mut fresh,
         };
-        let rows: Vec<i64> = ids
-            .chunks(l.max(1) as usize)
+        let bars: Vec<i64> = rows
+            .iter()
             .zip(at.iter_mut())
             .flat_map(|(row, a)| clock::bar_rows(row, a, n))
             .collect();
-        Some(Tensor::from_slice(&rows).view([b, l]))
+        Some(Tensor::from_slice(&bars).view_as(tokens))
     }
 
     /// One coin per training call: on heads every layer's training projection is redrawn
@@ -924,6 +920,15 @@ impl Transformer {
 }
 
 /// One SPE code's parameters under `p` (`spe.*` or `layers.{i}.spe.*`).
+/// The ids of (B, L) int64 `tokens` on the host, one Vec per sequence, and B.
+fn token_rows(tokens: &Tensor) -> (Vec<Vec<i64>>, usize) {
+    let (b, l) = tokens.size2().expect("tokens must be (B, L)");
+    let ids = Vec::<i64>::try_from(&tokens.to_device(Device::Cpu).contiguous().view([-1]))
+        .expect("int64 token ids");
+    let rows = ids.chunks(l.max(1) as usize).map(<[i64]>::to_vec).collect();
+    (rows, b as usize)
+}
+
 fn spe_code(cfg: &ModelConfig, p: &nn::Path) -> SpeCode {
     let (h, hd) = (cfg.n_heads, cfg.head_dim());
     match &cfg.positional {
