@@ -33,6 +33,15 @@ fn upload(a: &ureq::Agent, base: &str, name: &str, bytes: &[u8]) -> (u16, Value)
     )
 }
 
+/// Takes the sample prompt `SAMPLE`: its PromptInfo as JSON.
+fn sample_prompt(a: &ureq::Agent, base: &str) -> Value {
+    answer(
+        a.post(format!("{base}api/prompts/sample/{SAMPLE}"))
+            .send_empty(),
+    )
+    .1
+}
+
 fn submit(a: &ureq::Agent, base: &str, settings: Value) -> (u16, Value) {
     answer(a.post(format!("{base}api/jobs")).send_json(settings))
 }
@@ -234,10 +243,7 @@ fn bad_job_settings_are_refused_with_a_reason() {
 fn a_job_makes_pieces_with_every_file_and_names_are_never_reused() {
     let _measured = MEASURED.read().unwrap_or_else(|e| e.into_inner());
     let (out, server, base, a) = studio(|_| {});
-    let (_, v) = answer(
-        a.post(format!("{base}api/prompts/sample/{SAMPLE}"))
-            .send_empty(),
-    );
+    let v = sample_prompt(&a, &base);
     let prompt: PromptInfo = serde_json::from_value(v).unwrap();
     let (status, v) = submit(
         &a,
@@ -449,10 +455,7 @@ fn rss_mib() -> f64 {
 fn twenty_concurrent_requests_are_all_answered() {
     let _measured = MEASURED.write().unwrap_or_else(|e| e.into_inner());
     let (_out, _server, base, a) = studio(|_| {});
-    let (_, v) = answer(
-        a.post(format!("{base}api/prompts/sample/{SAMPLE}"))
-            .send_empty(),
-    );
+    let v = sample_prompt(&a, &base);
     let prompt = v["id"].as_u64().unwrap();
     let settings = json!({ "prompt": prompt, "tokens": 300, "bars": null });
     // A first job warms everything up before memory is measured.
@@ -637,10 +640,7 @@ fn requests_that_do_not_name_the_studio_in_host_are_refused() {
 fn every_click_gets_a_new_seed_and_a_seed_given_again_gives_the_same_piece() {
     let _measured = MEASURED.read().unwrap_or_else(|e| e.into_inner());
     let (_out, _server, base, a) = studio(|_| {});
-    let (_, v) = answer(
-        a.post(format!("{base}api/prompts/sample/{SAMPLE}"))
-            .send_empty(),
-    );
+    let v = sample_prompt(&a, &base);
     let prompt = v["id"].as_u64().unwrap();
     let run = |settings: Value| -> JobView {
         let (status, v) = submit(&a, &base, settings);
@@ -698,10 +698,7 @@ fn every_click_gets_a_new_seed_and_a_seed_given_again_gives_the_same_piece() {
 fn a_length_in_bars_stops_the_piece_at_that_many_bars_after_the_prompt() {
     let _measured = MEASURED.read().unwrap_or_else(|e| e.into_inner());
     let (_out, _server, base, a) = studio(|_| {});
-    let (_, v) = answer(
-        a.post(format!("{base}api/prompts/sample/{SAMPLE}"))
-            .send_empty(),
-    );
+    let v = sample_prompt(&a, &base);
     let prompt = v["id"].as_u64().unwrap();
     let (status, v) = submit(
         &a,

@@ -123,20 +123,24 @@ impl RecurrentState {
     /// Keeps (or repeats) the batch rows in `indices` (int64 1-D tensor on any device).
     pub fn select(&self, indices: &Tensor) -> RecurrentState {
         let rows = |t: &Tensor| t.index_select(0, &indices.to_device(t.device()));
-        let picked = || {
+        // the per-sequence host values, where the state has any
+        let picked: Vec<usize> = if self.clock.is_empty() && self.bars.is_empty() {
+            Vec::new()
+        } else {
             Vec::<i64>::try_from(&indices.to_device(tch::Device::Cpu).view([-1]))
                 .expect("int64 row indices")
+                .into_iter()
+                .map(|i| i as usize)
+                .collect()
         };
-        let clock = if self.clock.is_empty() {
-            Vec::new()
-        } else {
-            picked().iter().map(|&i| self.clock[i as usize]).collect()
-        };
-        let bars = if self.bars.is_empty() {
-            Vec::new()
-        } else {
-            picked().iter().map(|&i| self.bars[i as usize]).collect()
-        };
+        fn pick<T: Copy>(v: &[T], rows: &[usize]) -> Vec<T> {
+            if v.is_empty() {
+                Vec::new()
+            } else {
+                rows.iter().map(|&i| v[i]).collect()
+            }
+        }
+        let (clock, bars) = (pick(&self.clock, &picked), pick(&self.bars, &picked));
         RecurrentState {
             position: self.position,
             layers: self.layers.iter().map(|l| l.map(rows)).collect(),

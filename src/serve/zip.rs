@@ -96,6 +96,22 @@ fn u32le(w: &mut impl Write, v: u32) -> std::io::Result<()> {
     w.write_all(&v.to_le_bytes())
 }
 
+/// The fields a local header and its central directory record share, from
+/// "version needed" to the extra field's length: stored (no compression),
+/// sizes known up front, no extra field.
+fn entry_fields(w: &mut impl Write, e: &Entry) -> std::io::Result<()> {
+    u16le(w, VERSION)?;
+    u16le(w, FLAGS)?;
+    u16le(w, 0)?; // stored
+    u16le(w, e.time)?;
+    u16le(w, e.date)?;
+    u32le(w, e.crc)?;
+    u32le(w, e.size)?;
+    u32le(w, e.size)?;
+    u16le(w, e.name.len() as u16)?;
+    u16le(w, 0) // no extra field
+}
+
 /// Writes the archive of `entries` (as [`plan`] measured them) to `w`. A
 /// file that changed since it was measured is an error, never a corrupt
 /// archive sent as if it were whole.
@@ -106,16 +122,7 @@ pub(crate) fn write(entries: &[Entry], w: &mut impl Write) -> std::io::Result<()
     for e in entries {
         offsets.push(at as u32);
         u32le(w, 0x0403_4b50)?;
-        u16le(w, VERSION)?;
-        u16le(w, FLAGS)?;
-        u16le(w, 0)?; // stored
-        u16le(w, e.time)?;
-        u16le(w, e.date)?;
-        u32le(w, e.crc)?;
-        u32le(w, e.size)?;
-        u32le(w, e.size)?;
-        u16le(w, e.name.len() as u16)?;
-        u16le(w, 0)?; // no extra field
+        entry_fields(w, e)?;
         w.write_all(e.name.as_bytes())?;
         let mut f = std::fs::File::open(&e.path)?.take(u64::from(e.size) + 1);
         let mut crc = crc32fast::Hasher::new();
@@ -144,16 +151,7 @@ pub(crate) fn write(entries: &[Entry], w: &mut impl Write) -> std::io::Result<()
     for (e, &offset) in entries.iter().zip(&offsets) {
         u32le(w, 0x0201_4b50)?;
         u16le(w, VERSION)?; // made by: MS-DOS attributes, version 2.0
-        u16le(w, VERSION)?;
-        u16le(w, FLAGS)?;
-        u16le(w, 0)?;
-        u16le(w, e.time)?;
-        u16le(w, e.date)?;
-        u32le(w, e.crc)?;
-        u32le(w, e.size)?;
-        u32le(w, e.size)?;
-        u16le(w, e.name.len() as u16)?;
-        u16le(w, 0)?; // extra
+        entry_fields(w, e)?;
         u16le(w, 0)?; // comment
         u16le(w, 0)?; // disk
         u16le(w, 0)?; // internal attributes
