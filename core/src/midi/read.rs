@@ -139,6 +139,22 @@ pub fn parse_with(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), 
     })
 }
 
+/// Refuses an SMPTE division whose frame rate is not one of the four SMPTE
+/// rates (-24, -25, -29, -30 as a signed byte). midly refuses them too, but
+/// negates the byte first, which overflows for -128 and panics in a debug
+/// build (midly 0.5.3, `Timing::read`): the check has to come before it.
+fn check_smpte_rate(bytes: &[u8]) -> Result<(), Fail> {
+    let Some(at) = bytes.windows(4).position(|w| w == b"MThd") else {
+        return Ok(());
+    };
+    match bytes.get(at + 12) {
+        Some(&b) if b & 0x80 != 0 && ![0xE8, 0xE7, 0xE3, 0xE2].contains(&b) => Err(Fail::Invalid(
+            format!("invalid SMPTE frame rate {} in the header", b as i8),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fail> {
     if bytes.len() < 14 || &bytes[..4] != b"MThd" {
         // midly accepts RIFF-wrapped files too; anything else without a header is junk.
@@ -151,6 +167,7 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
     // the limit, before they are all in memory. In midly's lenient mode (ours)
     // a bad chunk is skipped and a bad event ends its track, exactly as in
     // `Smf::parse`.
+    check_smpte_rate(bytes)?;
     let (header, tracks) = midly::parse(bytes).map_err(|e| e.to_string())?;
     let mut report = ReadReport::default();
     let (ticks_per_quarter, scale) = match header.timing {
@@ -431,6 +448,18 @@ mod tests {
     use super::*;
     use midly::num::{u15, u28, u4, u7};
     use midly::{Header, Smf, TrackEvent};
+
+    #[test]
+    fn an_smpte_rate_of_minus_128_is_refused_not_a_panic() {
+        // MThd, length 6, format 0, 1 track, division 0x8000 (SMPTE, -128 fps)
+        let mut bytes = b"MThd\0\0\0\x06\0\0\0\x01\x80\0".to_vec();
+        bytes.extend_from_slice(b"MTrk\0\0\0\x04\0\xff\x2f\0");
+        let e = parse(&bytes).unwrap_err();
+        assert!(e.contains("invalid SMPTE frame rate -128"), "{e}");
+        // a real SMPTE rate (-25 fps, 40 subframes) still reads
+        bytes[12..14].copy_from_slice(&[0xE7, 40]);
+        assert!(parse(&bytes).is_ok());
+    }
 
     /// (delta, channel, key, velocity): velocity 0 is a note-off.
     fn track(events: &[(u32, u8, u8, u8)]) -> Vec<TrackEvent<'static>> {
