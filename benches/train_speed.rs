@@ -140,7 +140,7 @@ fn main() {
         let batch =
             Tensor::randint_low(1, o.vocab, [o.batch, o.len + 1], (Kind::Int64, Device::Cpu));
         let t0 = Instant::now();
-        let loss = train_loss(&mut model, &batch);
+        let loss = train_loss(&mut model, &batch, None);
         let t1 = Instant::now();
         loss.backward();
         let t2 = Instant::now();

@@ -5,7 +5,8 @@
 # step (8 x 512 or 2 x 2048). A row already finished is skipped; one interrupted is
 # resumed exactly (--resume). Usage: bash scripts/form-experiments.sh [ROW ...]
 # Rows: base512 music512 base2048 music2048 (default: these, in that order), and
-# starts512 bars512 (the bar embedding and its control; run with STEPS=600).
+# starts512 bars512 (the bar embedding and its control; run with STEPS=600), and
+# barsknown512 (the bar embedding with every window's bar index known, window_bars).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/cadenza}
@@ -24,6 +25,7 @@ for row in "${rows[@]}"; do
         music2048) cfg=scripts/form/music.toml; shape=(--seq-len 2048 --batch 2) ;;
         starts512) cfg=scripts/form/starts.toml; shape=(--seq-len 512 --batch 8) ;;
         bars512) cfg=scripts/form/bars.toml; shape=(--seq-len 512 --batch 8) ;;
+        barsknown512) cfg=scripts/form/barsknown.toml; shape=(--seq-len 512 --batch 8) ;;
         *) echo "unknown row $row" >&2; exit 2 ;;
     esac
     run=$OUT/$row

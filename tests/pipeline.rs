@@ -457,6 +457,36 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
         t1.display().to_string(),
     ]);
     run_cli(&first_args);
+    // The piece begins with the prompt's two bars as the file has them: times,
+    // velocities and tempo, not the model's reading of them.
+    let (given, _) = midi::read_file(Path::new("midi_samples/oneills-reel-4-4.mid")).unwrap();
+    let (made, _) = midi::read_file(&r1).unwrap();
+    let k = (made.ticks_per_quarter / given.ticks_per_quarter) as u64;
+    assert_eq!(
+        made.ticks_per_quarter as u64,
+        k * given.ticks_per_quarter as u64
+    );
+    let bar = 4 * given.ticks_per_quarter as u64;
+    let head = |s: &midi::Score, scale: u64| -> Vec<(u64, u64, u8, u8)> {
+        s.notes
+            .iter()
+            .filter(|n| n.start * scale < 2 * bar * k - bar * k / 8)
+            .map(|n| (n.start * scale, n.duration * scale, n.pitch, n.velocity))
+            .collect()
+    };
+    // (the model may add notes after the prompt's last one in bar 2)
+    let (given_head, made_head) = (head(&given, k), head(&made, 1));
+    assert!(!given_head.is_empty());
+    for n in &given_head {
+        assert!(
+            made_head.contains(n),
+            "{n:?} of the prompt is not in the piece"
+        );
+    }
+    assert_eq!(
+        made.tempos[0].us_per_quarter,
+        given.tempos[0].us_per_quarter
+    );
     let rec: cadenza::cli::PieceRecord = checkpoint::read_json(&r1.with_extension("json")).unwrap();
     assert_eq!(rec.seed, 9);
     assert_eq!(rec.vocab_hash, vocab.hash());
@@ -961,6 +991,30 @@ fn init_carries_the_weights_into_a_musical_rope_run_that_generates() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(midi::read_file(&piece).is_ok());
+
+    // window_bars: every window knows its bar; recorded, and refused without a table
+    let bars = tmp.path().join("bars.toml");
+    std::fs::write(
+        &bars,
+        "[model]\nbar_embedding = 8\n[train]\npiece_starts = 0.25\nwindow_bars = true\n",
+    )
+    .unwrap();
+    let mut e = tiny_opts(&tmp.path().join("e"), &data, 3);
+    e.config_file = Some(bars);
+    assert!(train::train(&e).unwrap().last_val_loss.unwrap().is_finite());
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("e/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(saved["train"]["window_bars"], true);
+    let lone = tmp.path().join("lone.toml");
+    std::fs::write(&lone, "[train]\nwindow_bars = true\n").unwrap();
+    let mut f = tiny_opts(&tmp.path().join("f"), &data, 1);
+    f.config_file = Some(lone);
+    let err = format!("{:#}", train::train(&f).unwrap_err());
+    assert!(
+        err.contains("window_bars") && err.contains("bar_embedding"),
+        "{err}"
+    );
 
     // a missing model is named
     let mut d = tiny_opts(&tmp.path().join("d"), &data, 1);

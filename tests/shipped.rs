@@ -92,12 +92,24 @@ fn shipped_model_validation_loss_matches_its_card() {
     let tc = &m.config.train;
     let split = data::split(&ds, tc.seed, tc.val_fraction);
     let windows = data::validation_windows(&split.val, tc.seq_len as usize + 1, tc.val_windows);
-    let loss = train::validation_loss(&m.model, &windows, tc.batch as usize, tch::Device::Cpu);
+    let loss = train::validation_loss(
+        &m.model,
+        &windows,
+        None,
+        tc.batch as usize,
+        tch::Device::Cpu,
+    );
     let card = card_val_loss();
     // The same windows with the dense products in bf16 (native where the CPU has AMX or
     // AVX512-BF16, the same numbers through f32 kernels elsewhere).
     m.model.set_precision(cadenza::model::Precision::Bf16);
-    let bf16 = train::validation_loss(&m.model, &windows, tc.batch as usize, tch::Device::Cpu);
+    let bf16 = train::validation_loss(
+        &m.model,
+        &windows,
+        None,
+        tc.batch as usize,
+        tch::Device::Cpu,
+    );
     println!("validation loss {loss:.4} (bf16 products: {bf16:.4}), card {card:.4}");
     assert!(
         (loss - card).abs() < 0.05,

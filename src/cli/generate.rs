@@ -458,7 +458,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     info!("precision: {precision}");
     let vocab = &m.vocab;
     let limits = a.limits.limits();
-    let body = match &a.prompt {
+    let (prompt_file, body) = match &a.prompt {
         Some(p) => {
             let (score, report) = midi::read_file_with(p, &limits)?;
             let name = p.display().to_string();
@@ -466,9 +466,9 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             for w in warnings {
                 warn!("{name}: {w}");
             }
-            ids
+            (Some(score), ids)
         }
-        None => Vec::new(),
+        None => (None, Vec::new()),
     };
     let prompt = sample::prompt_tokens(&body, a.prompt_bars);
     if prompt.len() > a.max_prompt_tokens {
@@ -543,7 +543,11 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             png: a.png.as_ref().map(|p| numbered(p, i, n)),
             piano_roll: render::PianoRollOptions::default(),
         };
-        let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref())?;
+        let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref(), prompt_file.as_ref())?;
+        let silent = pieces::not_played(cfg.programs.as_deref(), &w.played);
+        if let Some(msg) = pieces::silence_warning(&silent) {
+            warn!("{}: {msg}", files.midi.display());
+        }
         let mut record = PieceRecord {
             model: model_record.clone(),
             vocab_hash: vocab.hash().to_string(),

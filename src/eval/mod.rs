@@ -276,6 +276,7 @@ pub fn last_token_nll(
     windows: &[&[u32]],
     targets: &[u32],
     offset: usize,
+    bars: Option<&[i64]>,
 ) -> Vec<f64> {
     assert_eq!(windows.len(), targets.len(), "one target per window");
     let Some(c) = windows.first().map(|w| w.len()) else {
@@ -295,7 +296,7 @@ pub fn last_token_nll(
             .view([windows.len() as i64, c as i64])
             .to_device(model.device());
         let last = model
-            .forward_t(&x, offset as i64, false)
+            .forward_from(&x, offset as i64, false, bars)
             .select(1, c as i64 - 1)
             .to_kind(Kind::Float)
             .to_device(tch::Device::Cpu); // (B, V)

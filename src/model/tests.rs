@@ -1254,3 +1254,44 @@ fn bar_rows_before_the_first_bos_are_the_unknown_row() {
     let two = st.select(&Tensor::from_slice(&[0i64, 0]));
     assert_eq!(two.bars.len(), 2);
 }
+
+#[test]
+fn a_known_bar_index_is_the_state_with_that_index() {
+    // forward_from(window, bars = [k]) == the prefill of a state whose next token is at
+    // the window's offset and whose bar index is k; "not known" (forward_t) differs
+    for name in [
+        "spe-sine 2 rope local heads, bar embedding 4",
+        "spe-conv bar embedding 2",
+    ] {
+        let cfg = variant(name);
+        let (_vs, mut m) = build(&cfg, 24);
+        m.freeze(5);
+        // no BOS (id 1) in the window: the index comes from outside only
+        let ids: Vec<i64> = [3i64, 7, 9, 3, 11, 3, 8, 10, 3, 12]
+            .iter()
+            .copied()
+            .chain([3i64, 7, 9, 3, 11, 3, 8, 10, 3, 12])
+            .collect();
+        let toks = Tensor::from_slice(&ids).view([2, 10]);
+        let offset = 17;
+        let known = m.forward_from(&toks, offset, false, Some(&[0, 2]));
+        let mut st = m.begin_at(2, offset);
+        st.bars = vec![
+            crate::model::clock::BarIndex(Some(0)),
+            crate::model::clock::BarIndex(Some(2)),
+        ];
+        let stepped = m.prefill(&toks, &mut st);
+        assert!(
+            rel(&known, &stepped) < 1e-4,
+            "{name}: {}",
+            rel(&known, &stepped)
+        );
+        let unknown = m.forward_t(&toks, offset, false);
+        assert!(rel(&known, &unknown) > 1e-4, "{name}");
+        // the two rows differ only by their index (bars 1 and 3 after the first Bar,
+        // one row for both in a table of 2)
+        let rows = known.narrow(0, 0, 1).copy() - known.narrow(0, 1, 1);
+        let differ = rows.abs().max().double_value(&[]) > 1e-5;
+        assert_eq!(differ, cfg.bar_embedding > Some(2), "{name}");
+    }
+}

@@ -286,8 +286,20 @@ impl Transformer {
     /// are (a training step goes through [`Transformer::forward_train`], which may redraw
     /// them); otherwise the frozen noise and features.
     pub fn forward_t(&self, tokens: &Tensor, offset: i64, train: bool) -> Tensor {
+        self.forward_from(tokens, offset, train, None)
+    }
+
+    /// [`Transformer::forward_t`] of windows whose bar index is known (see
+    /// [`Transformer::forward_train_from`]).
+    pub fn forward_from(
+        &self,
+        tokens: &Tensor,
+        offset: i64,
+        train: bool,
+        bars: Option<&[i64]>,
+    ) -> Tensor {
         let mode = if train { Mode::Train } else { Mode::Eval };
-        self.run(tokens, offset, mode, None)
+        self.run(tokens, offset, mode, None, bars)
     }
 
     /// The forward of a training step, (B, L) tokens at offset..offset+L -> (B, L, V)
@@ -296,7 +308,19 @@ impl Transformer {
     /// `&mut self`: the projections are the model's own data, and only a training step,
     /// which holds the model mutably for its update anyway, changes them).
     pub fn forward_train(&mut self, tokens: &Tensor, offset: i64) -> Tensor {
-        let Some((x, codes)) = self.enter(tokens, offset, Mode::Train, &mut None) else {
+        self.forward_train_from(tokens, offset, None)
+    }
+
+    /// [`Transformer::forward_train`] of windows whose bar index is known: `bars[b]`
+    /// bars of its piece lie before sequence b's first token (with a bar embedding;
+    /// None, or a model without one: "not known" until a `BOS`).
+    pub fn forward_train_from(
+        &mut self,
+        tokens: &Tensor,
+        offset: i64,
+        bars: Option<&[i64]>,
+    ) -> Tensor {
+        let Some((x, codes)) = self.enter(tokens, offset, Mode::Train, &mut None, bars) else {
             return self.no_logits(tokens);
         };
         self.toss_redraw();
@@ -329,11 +353,23 @@ impl Transformer {
     }
 
     /// With a bar embedding, the (B, L) rows of (B, L) `tokens` in it, one row per
-    /// sequence, from the state's bar indices (which they advance) or from "not known".
-    fn bar_rows(&self, tokens: &Tensor, state: Option<&mut RecurrentState>) -> Option<Tensor> {
+    /// sequence, from the state's bar indices (which they advance), else from `known`
+    /// (bars before each sequence), else from "not known".
+    fn bar_rows(
+        &self,
+        tokens: &Tensor,
+        state: Option<&mut RecurrentState>,
+        known: Option<&[i64]>,
+    ) -> Option<Tensor> {
         let n = self.cfg.bar_embedding?;
         let (rows, b) = token_rows(tokens);
-        let mut fresh = vec![BarIndex::default(); b];
+        let mut fresh: Vec<BarIndex> = match known {
+            Some(k) => {
+                assert_eq!(k.len(), b, "one bar index per sequence");
+                k.iter().map(|&n| BarIndex(Some(n))).collect()
+            }
+            None => vec![BarIndex::default(); b],
+        };
         let at = match state {
             Some(s) => &mut s.bars,
             None => &mut fresh,
@@ -552,7 +588,7 @@ impl Transformer {
     /// (B, L, V) logits and advances the state. No autograd graph is recorded.
     pub fn prefill(&self, tokens: &Tensor, state: &mut RecurrentState) -> Tensor {
         self.check_state(state, tokens.size()[0]);
-        tch::no_grad(|| self.run(tokens, state.position, Mode::Eval, Some(state)))
+        tch::no_grad(|| self.run(tokens, state.position, Mode::Eval, Some(state), None))
     }
 
     /// One token per sequence (B,) -> (B, V) logits; constant time and memory per token with
@@ -583,6 +619,7 @@ impl Transformer {
                 state.position,
                 Mode::Step,
                 Some(state),
+                None,
             )
         })
         .squeeze_dim(1)
@@ -821,8 +858,9 @@ impl Transformer {
         offset: i64,
         mode: Mode,
         mut state: Option<&mut RecurrentState>,
+        known_bars: Option<&[i64]>,
     ) -> Tensor {
-        let Some((x, codes)) = self.enter(tokens, offset, mode, &mut state) else {
+        let Some((x, codes)) = self.enter(tokens, offset, mode, &mut state, known_bars) else {
             return self.no_logits(tokens);
         };
         let clock = self.clock_coordinates(tokens, state.as_deref_mut());
@@ -839,12 +877,13 @@ impl Transformer {
         offset: i64,
         mode: Mode,
         state: &mut Option<&mut RecurrentState>,
+        known_bars: Option<&[i64]>,
     ) -> Option<(Tensor, Vec<WindowCode>)> {
         let (_, l) = tokens.size2().expect("tokens must be (B, L)");
         if l == 0 {
             return None;
         }
-        let bars = self.bar_rows(tokens, state.as_deref_mut()); // (B, L)
+        let bars = self.bar_rows(tokens, state.as_deref_mut(), known_bars); // (B, L)
         let x = self.embed.forward(tokens, offset, bars.as_ref()); // (B, L, d)
         let x = dropout(x, self.cfg.dropout, mode == Mode::Train);
         let codes = self.window_codes(offset, l, mode, state);

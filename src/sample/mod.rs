@@ -98,6 +98,11 @@ pub struct Sample {
     pub grammar_corrections: usize,
     /// Steps where the repetition guard changed the token drawn.
     pub guard_changes: usize,
+    /// Tokens drawn after the prompt: those kept, plus EOS or the Bar past
+    /// the bar limit that ended the piece and the unfinished note or bare
+    /// Position dropped at the end ([`trim_incomplete`]). The progress of a
+    /// job counts these.
+    pub drawn: usize,
 }
 
 /// Turns logits into a probability vector: temperature, then top-k, then
@@ -321,6 +326,7 @@ impl<'v> Sequence<'v> {
                 stop: Stop::MaxTokens,
                 grammar_corrections: 0,
                 guard_changes: 0,
+                drawn: 0,
             },
         })
     }
@@ -351,6 +357,7 @@ impl<'v> Sequence<'v> {
         );
         self.sample.grammar_corrections += p.grammar_corrected as usize;
         self.sample.guard_changes += p.guard_changed as usize;
+        self.sample.drawn += 1;
         let tok = p.token;
         if tok == EOS_ID {
             self.sample.stop = Stop::Eos;
@@ -733,8 +740,9 @@ mod tests {
             let s = run_fake(&v, &cfg(300, seed), &logits);
             assert_eq!(s.stop, Stop::MaxTokens);
             assert!(!s.tokens.contains(&EOS_ID));
-            // Only a trailing unfinished note may be trimmed.
+            // Only a trailing unfinished note may be trimmed; every draw counts.
             assert!(s.tokens.len() - s.prompt_len > 295, "{}", s.tokens.len());
+            assert_eq!(s.drawn, 300);
             crate::tokenizer::validate(&s.tokens, &v).unwrap();
         }
         // Allowed anywhere: the first token is EOS.
@@ -743,7 +751,7 @@ mod tests {
             ..cfg(300, 0)
         };
         let s = run_fake(&v, &early, &logits);
-        assert_eq!((s.stop, s.tokens.len()), (Stop::Eos, 1));
+        assert_eq!((s.stop, s.tokens.len(), s.drawn), (Stop::Eos, 1, 1));
         // Allowed after 50: it ends as soon as the grammar allows.
         let after = SampleConfig {
             earliest_end: Some(50),

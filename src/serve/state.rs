@@ -23,6 +23,9 @@ pub(crate) struct Work {
     pub job: u64,
     /// The prompt's tokens without BOS (empty: start from nothing).
     pub body: Arc<Vec<u32>>,
+    /// The prompt file as read (none: start from nothing); the written pieces
+    /// keep its own events.
+    pub file: Option<Arc<crate::midi::Score>>,
     pub prompt_name: Option<String>,
     pub req: JobRequest,
     pub cancel: Arc<AtomicBool>,
@@ -58,6 +61,8 @@ pub struct PromptInfo {
 pub(crate) struct Prompt {
     pub info: PromptInfo,
     pub body: Arc<Vec<u32>>,
+    /// The file as read, whose own events the pieces keep.
+    pub file: Arc<crate::midi::Score>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -117,6 +122,10 @@ pub struct PieceView {
     pub files: PieceFilesView,
     pub prompt_tokens: usize,
     pub tokens: usize,
+    /// Tokens drawn after the prompt, as the progress counted them (EOS and
+    /// an unfinished note cut at the end are drawn but not kept).
+    #[serde(default)]
+    pub drawn: usize,
     pub notes: usize,
     pub seconds: f64,
     /// Length of the WAV file (none without a SoundFont).
@@ -128,6 +137,10 @@ pub struct PieceView {
     /// Where the prompt ends in the piece, in seconds (none without a prompt).
     #[serde(default)]
     pub prompt_seconds: Option<f64>,
+    /// Instruments allowed (or of the prompt) that played no note after the
+    /// prompt, by name, and why (none when every one played).
+    #[serde(default)]
+    pub silent: Option<String>,
     pub settings: JobRequest,
 }
 
@@ -259,6 +272,7 @@ impl Shared {
             Prompt {
                 info: info.clone(),
                 body: Arc::new(body),
+                file: Arc::new(score),
             },
         );
         while inner.prompts.len() > MAX_PROMPTS {
@@ -272,7 +286,7 @@ impl Shared {
     pub fn submit(&self, mut req: JobRequest) -> Result<JobView, SubmitError> {
         req.validate().map_err(SubmitError::Invalid)?;
         req.seed = Some(req.seed.unwrap_or_else(super::settings::new_seed));
-        let (body, prompt_name) = match req.prompt {
+        let (body, file, prompt_name) = match req.prompt {
             Some(id) => {
                 let inner = self.lock();
                 let p = inner.prompts.get(&id).ok_or_else(|| {
@@ -280,9 +294,13 @@ impl Shared {
                         "prompt {id} is unknown (forgotten, or never uploaded): choose it again"
                     ))
                 })?;
-                (p.body.clone(), Some(p.info.name.clone()))
+                (
+                    p.body.clone(),
+                    Some(p.file.clone()),
+                    Some(p.info.name.clone()),
+                )
             }
-            None => (Arc::new(Vec::new()), None),
+            None => (Arc::new(Vec::new()), None, None),
         };
         let id = self.id();
         let cancel = Arc::new(AtomicBool::new(false));
@@ -310,6 +328,7 @@ impl Shared {
         let work = Work {
             job: id,
             body,
+            file,
             prompt_name,
             req,
             cancel,

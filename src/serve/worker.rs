@@ -128,6 +128,7 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
     let Work {
         job,
         body,
+        file,
         prompt_name,
         req,
         cancel,
@@ -175,7 +176,13 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
             png: Some(path("png")),
             piano_roll: studio_roll(),
         };
-        let w = pieces::write_piece(s, vocab, &files, shared.soundfont.as_deref())?;
+        let w = pieces::write_piece(
+            s,
+            vocab,
+            &files,
+            shared.soundfont.as_deref(),
+            file.as_deref(),
+        )?;
         let file = |ext: &str| file_url(&format!("{name}.{ext}"));
         let view = PieceView {
             id: 0,
@@ -192,6 +199,7 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
             },
             prompt_tokens: s.prompt_len,
             tokens: s.tokens.len(),
+            drawn: s.drawn,
             notes: w.score.notes.len(),
             seconds: w.score.duration_seconds(),
             audio_seconds: w.audio.map(|a| a.seconds),
@@ -201,6 +209,10 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
             prompt_seconds: (!body.is_empty())
                 .then(|| prompt_end_seconds(&w.score, prompt_bars))
                 .flatten(),
+            silent: pieces::silence_warning(&pieces::not_played(
+                cfg.programs.as_deref(),
+                &w.played,
+            )),
             settings: req.clone(),
         };
         // The record of the piece; `piece` lets a later studio list it.

@@ -95,6 +95,12 @@ pub struct TrainConfig {
     /// a bar line drawn uniformly over the piece, so that the model sees whole forms from
     /// their first bar often (0: the uniform draw alone, as runs saved before it).
     pub piece_starts: f64,
+    /// With a bar embedding: every training and validation window starts its bar
+    /// index from the bar of its piece it begins in, instead of from "not known"
+    /// until a `BOS` (false, as runs saved before it), so the table learns from
+    /// every window, not only from those that hold a piece's start.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub window_bars: bool,
 }
 
 impl Default for TrainConfig {
@@ -120,6 +126,7 @@ impl Default for TrainConfig {
             threads: 0,
             precision: Precision::Auto,
             piece_starts: 0.0,
+            window_bars: false,
         }
     }
 }

@@ -146,14 +146,24 @@ impl<'a> Batcher<'a> {
     /// One window of `len` tokens: from a bar line of a random piece, running
     /// on into further random pieces.
     pub fn window(&self, rng: &mut ChaCha8Rng, len: usize) -> Vec<u32> {
+        self.window_with_bars(rng, len).0
+    }
+
+    /// [`Batcher::window`] (the same draws), and the number of bars its piece began
+    /// before the window's first token: the bar index the window starts from
+    /// ([`crate::model::clock::BarIndex`]; 0 for a window that begins at BOS).
+    pub fn window_with_bars(&self, rng: &mut ChaCha8Rng, len: usize) -> (Vec<u32>, i64) {
         let mut out = Vec::with_capacity(len);
         let first = self.pick(rng);
         let at_start = self.piece_starts > 0.0 && rng.gen::<f64>() < self.piece_starts;
-        let start = if at_start {
+        // starts[0] is BOS, starts[j] the j-th Bar: j - 1 bars lie before it
+        let j = if at_start {
             0
         } else {
-            first.starts[rng.gen_range(0..first.starts.len())]
+            rng.gen_range(0..first.starts.len())
         };
+        let start = first.starts[j];
+        let bars_before = j.saturating_sub(1) as i64;
         out.extend_from_slice(&first.ids[start..first.ids.len().min(start + len)]);
         while out.len() < len {
             let p = self.pick(rng);
@@ -166,17 +176,27 @@ impl<'a> Batcher<'a> {
                 out = t;
             }
         }
-        out
+        (out, bars_before)
     }
 
     /// A (batch, len) batch of ids, flattened row-major.
     pub fn batch(&self, step: u64, batch: usize, len: usize) -> Vec<i64> {
+        self.batch_with_bars(step, batch, len).0
+    }
+
+    /// [`Batcher::batch`], and the bar index each of its rows starts from
+    /// ([`Batcher::window_with_bars`]).
+    pub fn batch_with_bars(&self, step: u64, batch: usize, len: usize) -> (Vec<i64>, Vec<i64>) {
         let mut rng =
             ChaCha8Rng::seed_from_u64(self.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        (0..batch)
-            .flat_map(|_| self.window(&mut rng, len))
-            .map(|t| t as i64)
-            .collect()
+        let mut ids = Vec::with_capacity(batch * len);
+        let mut bars = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let (w, b) = self.window_with_bars(&mut rng, len);
+            ids.extend(w.into_iter().map(|t| t as i64));
+            bars.push(b);
+        }
+        (ids, bars)
     }
 }
 
@@ -185,6 +205,19 @@ impl<'a> Batcher<'a> {
 /// cut from its start into windows of `len` tokens (the last one padded with
 /// PAD, which the loss ignores).
 pub fn validation_windows(pieces: &[PieceTokens], len: usize, max: usize) -> Vec<Vec<u32>> {
+    validation_windows_with_bars(pieces, len, max)
+        .into_iter()
+        .map(|(w, _)| w)
+        .collect()
+}
+
+/// [`validation_windows`], each with the number of bars its piece began before
+/// the window's first token (the bar index it starts from).
+pub fn validation_windows_with_bars(
+    pieces: &[PieceTokens],
+    len: usize,
+    max: usize,
+) -> Vec<(Vec<u32>, i64)> {
     let mut out = Vec::new();
     let n = pieces.len();
     let order: Vec<&PieceTokens> = if max > 0 && max < n {
@@ -198,7 +231,8 @@ pub fn validation_windows(pieces: &[PieceTokens], len: usize, max: usize) -> Vec
             let end = (at + len).min(p.ids.len());
             let mut w = p.ids[at..end].to_vec();
             w.resize(len, PAD_ID);
-            out.push(w);
+            let bars = p.ids[..at].iter().filter(|&&t| t == BAR_ID).count() as i64;
+            out.push((w, bars));
             if out.len() >= max {
                 break 'outer;
             }
@@ -289,6 +323,43 @@ mod tests {
         let plain = Batcher::new(&pieces, &v, 3, 0);
         let zero = Batcher::new(&pieces, &v, 3, 0).with_piece_starts(0.0);
         assert_eq!(plain.batch(9, 4, 17), zero.batch(9, 4, 17));
+    }
+
+    /// A piece whose bar k (from 1) holds Position(k): its first bar tells where
+    /// a window begins.
+    fn numbered_bars(v: &Vocab, bars: u16) -> PieceTokens {
+        let mut ids = vec![1u32];
+        for k in 1..=bars {
+            ids.extend([BAR_ID, v.id(Token::Position(k)).unwrap()]);
+        }
+        ids.push(2);
+        PieceTokens::new("p".into(), ids)
+    }
+
+    #[test]
+    fn windows_know_the_bar_they_begin_in() {
+        let v = Vocab::new(RemiConfig::default()).unwrap();
+        let pieces = vec![numbered_bars(&v, 40), numbered_bars(&v, 25)];
+        let b = Batcher::new(&pieces, &v, 5, 0).with_piece_starts(0.2);
+        for step in 0..20 {
+            let (ids, bars) = b.batch_with_bars(step, 6, 9);
+            assert_eq!(ids, b.batch(step, 6, 9), "the same batches");
+            for (row, &before) in ids.chunks(9).zip(&bars) {
+                if row[0] == 1 {
+                    assert_eq!(before, 0);
+                } else {
+                    // the row's first bar is bar before + 1
+                    let pos = v.token(row[1] as u32);
+                    assert_eq!(pos, Some(Token::Position(before as u16 + 1)), "{row:?}");
+                }
+            }
+        }
+        let val = validation_windows_with_bars(&pieces, 7, 100);
+        let plain = validation_windows(&pieces, 7, 100);
+        assert_eq!(val.iter().map(|w| w.0.clone()).collect::<Vec<_>>(), plain);
+        // windows step by 6 tokens (3 bars) through a piece: 0, 3, 6, ... bars before
+        let firsts: Vec<i64> = val.iter().take(4).map(|w| w.1).collect();
+        assert_eq!(firsts, vec![0, 3, 6, 9]);
     }
 
     #[test]

@@ -248,9 +248,12 @@ impl Dist {
         Ok(())
     }
 
-    /// Waits until every rank is here (no timeout: used before the training loop).
+    /// Waits until every rank is here: before the training loop, the other ranks
+    /// wait for rank 0 to prepare the run folder. Like every collective, it ends the
+    /// job after `--rank-timeout` seconds (a rank that hangs before it).
     pub fn barrier(&self) {
         if !self.is_single() {
+            let _armed = self.guard("the start-up barrier (rank 0 preparing the run folder)");
             comm::barrier();
         }
     }

@@ -262,6 +262,18 @@ pub fn check_context(
     Ok((set.into_iter().collect(), from))
 }
 
+/// The bar index after `ids`: the bars begun since the last `BOS`, or all of them.
+fn bars_before(ids: &[u32]) -> i64 {
+    let from = ids
+        .iter()
+        .rposition(|&t| t == crate::tokenizer::BOS_ID)
+        .map_or(0, |i| i + 1);
+    ids[from..]
+        .iter()
+        .filter(|&&t| t == crate::tokenizer::BAR_ID)
+        .count() as i64
+}
+
 /// The context gain of `model` over `windows` (source, tokens from the piece's start),
 /// `full[k][p]` being the NLL of token p of window k with the whole past (NaN where not
 /// scored). Positions p = from, from + stride, ... below each window's length; cut C sees
@@ -291,7 +303,12 @@ pub fn context_gain(
             for batch in at.chunks(CUT_BATCH) {
                 let ws: Vec<&[u32]> = batch.iter().map(|&k| &windows[k].1[start..p]).collect();
                 let ts: Vec<u32> = batch.iter().map(|&k| windows[k].1[p]).collect();
-                let nll = crate::eval::last_token_nll(model, &ws, &ts, start);
+                // the bar each cut window begins in, as the full pass knows it
+                let bars: Vec<i64> = batch
+                    .iter()
+                    .map(|&k| bars_before(&windows[k].1[..start]))
+                    .collect();
+                let nll = crate::eval::last_token_nll(model, &ws, &ts, start, Some(&bars));
                 for (&k, &v) in batch.iter().zip(&nll) {
                     let f = full[k][p];
                     let kind = vocab
@@ -919,13 +936,13 @@ mod tests {
         let full = full_nll(&m, &v, &[("a".into(), w.clone())]);
         for p in [12usize, 20, 29] {
             let c = 8;
-            let at = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], p - c)[0];
+            let at = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], p - c, None)[0];
             assert!(
                 (at - full[0][p]).abs() < 1e-4,
                 "p {p}: {at} vs {}",
                 full[0][p]
             );
-            let zero = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], 0)[0];
+            let zero = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], 0, None)[0];
             assert!(
                 (zero - full[0][p]).abs() > 1e-4,
                 "p {p}: offset 0 scored alike"
@@ -933,8 +950,8 @@ mod tests {
         }
         // batched windows of one offset score as they do alone
         let (a, b) = (ids(&v, 9, 4), ids(&v, 9, 5));
-        let both = crate::eval::last_token_nll(&m, &[&a[..8], &b[..8]], &[a[8], b[8]], 5);
-        let one = crate::eval::last_token_nll(&m, &[&b[..8]], &[b[8]], 5);
+        let both = crate::eval::last_token_nll(&m, &[&a[..8], &b[..8]], &[a[8], b[8]], 5, None);
+        let one = crate::eval::last_token_nll(&m, &[&b[..8]], &[b[8]], 5, None);
         assert!((both[1] - one[0]).abs() < 1e-5);
     }
 

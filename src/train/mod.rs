@@ -335,9 +335,9 @@ pub fn lm_loss(model: &Transformer, batch: &Tensor, train: bool) -> Tensor {
 }
 
 /// [`lm_loss`] of a training step: [`Transformer::forward_train`], which may redraw the
-/// FAVOR+ projections.
-pub fn train_loss(model: &mut Transformer, batch: &Tensor) -> Tensor {
-    next_token_loss(batch, |input| model.forward_train(input, 0))
+/// FAVOR+ projections. `bars`: the bar index each row starts from (`window_bars`).
+pub fn train_loss(model: &mut Transformer, batch: &Tensor, bars: Option<&[i64]>) -> Tensor {
+    next_token_loss(batch, |input| model.forward_train_from(input, 0, bars))
 }
 
 fn next_token_loss(batch: &Tensor, forward: impl FnOnce(&Tensor) -> Tensor) -> Tensor {
@@ -362,16 +362,20 @@ fn to_batch(ids: &[i64], rows: i64, device: Device) -> Tensor {
     Tensor::from_slice(ids).view([rows, -1]).to_device(device)
 }
 
-/// Mean validation loss over fixed windows (frozen noise).
+/// Mean validation loss over fixed windows (frozen noise). `bars`, one per window:
+/// the bar index each starts from (`window_bars`; None: "not known" until a `BOS`).
 pub fn validation_loss(
     model: &Transformer,
     windows: &[Vec<u32>],
+    bars: Option<&[i64]>,
     batch: usize,
     device: Device,
 ) -> f64 {
     tch::no_grad(|| {
         let (mut sum, mut count) = (0.0, 0.0);
-        for chunk in windows.chunks(batch.max(1)) {
+        let batch = batch.max(1);
+        for (c, chunk) in windows.chunks(batch).enumerate() {
+            let known = bars.map(|b| &b[c * batch..c * batch + chunk.len()]);
             let ids: Vec<i64> = chunk.iter().flatten().map(|&t| t as i64).collect();
             let b = to_batch(&ids, chunk.len() as i64, device);
             let n = b
@@ -380,7 +384,8 @@ pub fn validation_loss(
                 .sum(Kind::Float)
                 .double_value(&[]);
             if n > 0.0 {
-                sum += lm_loss(model, &b, false).double_value(&[]) * n;
+                let loss = next_token_loss(&b, |input| model.forward_from(input, 0, false, known));
+                sum += loss.double_value(&[]) * n;
                 count += n;
             }
         }
@@ -706,14 +711,14 @@ struct StepComm {
 }
 
 /// One rank's part of a step of several ranks: the loss of its rows of the global batch
-/// `ids`, weighted by their share of its targets, backpropagated; the loss and the
+/// `ids` (each row starting from its bar index in `bars`, with `window_bars`), weighted by their share of its targets, backpropagated; the loss and the
 /// interrupt flag summed over the ranks (where they wait for the slowest), then the
 /// gradients. Returns the global batch's mean loss.
 fn rank_step(
     dist: &distributed::Dist,
     model: &mut Transformer,
     params: &[Tensor],
-    ids: &[i64],
+    (ids, bars): (&[i64], Option<&[i64]>),
     window: usize,
     device: Device,
     flag: &AtomicBool,
@@ -728,7 +733,7 @@ fn rank_step(
     }
     let mine = &ids[rows.start * window..rows.end * window];
     let batch = to_batch(mine, rows.len() as i64, device);
-    let loss = train_loss(model, &batch) * weight;
+    let loss = train_loss(model, &batch, bars.map(|b| &b[rows.clone()])) * weight;
     loss.backward();
     let mut sums = [
         loss.double_value(&[]),
@@ -780,6 +785,12 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         }
     };
     let mut cfg = resolve_config(o, &vocab)?;
+    if cfg.train.window_bars && cfg.model.bar_embedding.is_none() {
+        bail!(
+            "[train] window_bars = true needs a bar embedding to start: set [model] \
+             bar_embedding (docs/model.md)"
+        );
+    }
     dist.check_batch(cfg.train.batch)?;
     if o.resume {
         check_resume_step(o, &cfg)?;
@@ -854,7 +865,11 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
     let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose)
         .with_piece_starts(tc.piece_starts);
     let window = tc.seq_len as usize + 1;
-    let val_windows = data::validation_windows(&split.val, window, tc.val_windows);
+    let (val_windows, val_bars): (Vec<Vec<u32>>, Vec<i64>) =
+        data::validation_windows_with_bars(&split.val, window, tc.val_windows)
+            .into_iter()
+            .unzip();
+    let val_bars = tc.window_bars.then_some(val_bars.as_slice());
 
     tch::manual_seed(tc.seed as i64);
     let mut vs = VarStore::new(device);
@@ -927,16 +942,25 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         let step = state.step;
         let t0 = Instant::now();
         tch::manual_seed((tc.seed ^ step.wrapping_mul(0x2545_f491_4f6c_dd1d)) as i64 & i64::MAX);
-        let ids = batcher.batch(step, tc.batch as usize, window);
+        let (ids, bars) = batcher.batch_with_bars(step, tc.batch as usize, window);
+        let bars = tc.window_bars.then_some(bars.as_slice());
         let lr = tc.lr_at(step);
         opt.zero_grad();
         let (loss, comm) = if dist.is_single() {
             let batch = to_batch(&ids, tc.batch, device);
-            let loss = train_loss(&mut model, &batch);
+            let loss = train_loss(&mut model, &batch, bars);
             loss.backward();
             (loss.double_value(&[]), None)
         } else {
-            let (loss, comm) = rank_step(dist, &mut model, &params, &ids, window, device, &flag)?;
+            let (loss, comm) = rank_step(
+                dist,
+                &mut model,
+                &params,
+                (&ids, bars),
+                window,
+                device,
+                &flag,
+            )?;
             (loss, Some(comm))
         };
         let grad_norm = opt.clip_grad_norm(tc.grad_clip);
@@ -974,7 +998,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
         }
         let mut improved = false;
         if state.step.is_multiple_of(tc.val_every) || done {
-            let v = validation_loss(&model, &val_windows, tc.batch as usize, device);
+            let v = validation_loss(&model, &val_windows, val_bars, tc.batch as usize, device);
             m.val_loss = Some(v);
             state.last_val_loss = Some(v);
             if state.best_val_loss.is_none_or(|b| v < b) {

@@ -7,7 +7,9 @@ use std::path::Path;
 
 use midly::{Format, MetaMessage, MidiMessage, Timing, TrackEventKind};
 
-use super::score::{Note, Score, TempoChange, TimeSignature};
+use super::score::{
+    clean_name, InstrumentName, KeySignature, Note, Score, TempoChange, TimeSignature,
+};
 pub use crate::limits::Limits;
 
 /// Ticks per quarter used when a SMPTE-timed file is converted to a metrical grid
@@ -212,10 +214,14 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
     let mut events: Vec<Event> = Vec::new();
     let mut seen = 0usize;
     let mut track_ends = Vec::new();
+    // The first name of each track (names are kept apart from `events`,
+    // which stay small and `Copy`).
+    let mut track_names: Vec<Option<String>> = Vec::new();
     let mut offset = 0u64;
     for (ti, track) in tracks.flatten().enumerate() {
         let mut tick = offset;
         let mut ended = false;
+        track_names.push(None);
         for ev in track.map_while(|e| e.ok()) {
             tick += ev.delta.as_int() as u64;
             if seen == limits.max_events {
@@ -225,8 +231,12 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
                 )));
             }
             seen += 1;
-            if let TrackEventKind::Meta(MetaMessage::EndOfTrack) = ev.kind {
-                ended = true;
+            match ev.kind {
+                TrackEventKind::Meta(MetaMessage::EndOfTrack) => ended = true,
+                TrackEventKind::Meta(MetaMessage::TrackName(name)) if track_names[ti].is_none() => {
+                    track_names[ti] = clean_name(name);
+                }
+                _ => {}
             }
             let Some(what) = What::of(ev.kind) else {
                 continue;
@@ -265,11 +275,19 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
     // keys are small integers from the file, and the default SipHash was a
     // tenth of tokenizing a corpus; leftovers are sorted, so no order leaks.
     let mut open: FxHashMap<NoteKey, VecDeque<OpenNote>> = FxHashMap::default();
+    // Per instrument (program, drums), the first track that played it.
+    let mut first_track: FxHashMap<(u8, bool), usize> = FxHashMap::default();
     for &Event { tick, track, what } in &events {
         let ti = track as usize;
         match what {
             What::Program { ch, program } => programs[ch as usize] = program,
             What::On { ch, key, vel } => {
+                let inst = if ch == 9 {
+                    (0, true)
+                } else {
+                    (programs[ch as usize], false)
+                };
+                first_track.entry(inst).or_insert(ti);
                 open.entry((ti, ch, key)).or_default().push_back((
                     tick,
                     vel,
@@ -299,6 +317,17 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
                 }
             }
             What::Tempo(_) => {}
+            What::KeySig { sharps, minor } => {
+                let ks = KeySignature {
+                    tick: conv(tick),
+                    sharps,
+                    minor,
+                };
+                match score.key_signatures.last_mut() {
+                    Some(last) if last.tick == ks.tick => *last = ks,
+                    _ => score.key_signatures.push(ks),
+                }
+            }
             What::TimeSig { num, den_pow } => {
                 let ts = TimeSignature {
                     tick: conv(tick),
@@ -335,8 +364,40 @@ fn parse_inner(bytes: &[u8], limits: &Limits) -> Result<(Score, ReadReport), Fai
             ));
         }
     }
+    name_instruments(&mut score, header.format, &track_names, &first_track);
     score.sort();
     Ok((score, report))
+}
+
+/// The title and the instruments' names from the tracks' names: a track's
+/// name goes to the instruments it played first; the name of a first track
+/// that plays nothing (a format 1 file's tempo track) or of a format 0 file's
+/// one track is the title.
+fn name_instruments(
+    score: &mut Score,
+    format: Format,
+    track_names: &[Option<String>],
+    first_track: &FxHashMap<(u8, bool), usize>,
+) {
+    let plays = |ti: usize| first_track.values().any(|&t| t == ti);
+    score.title = match track_names.first() {
+        Some(Some(name)) if format == Format::SingleTrack || !plays(0) => Some(name.clone()),
+        _ => None,
+    };
+    if format == Format::SingleTrack {
+        return;
+    }
+    score.instrument_names = first_track
+        .iter()
+        .filter_map(|(&(program, is_drum), &ti)| {
+            let name = track_names.get(ti)?.clone()?;
+            Some(InstrumentName {
+                program,
+                is_drum,
+                name,
+            })
+        })
+        .collect();
 }
 
 /// An event the score is made of, at its absolute tick in its track.
@@ -371,12 +432,16 @@ enum What {
         num: u8,
         den_pow: u8,
     },
+    KeySig {
+        sharps: i8,
+        minor: bool,
+    },
 }
 
 impl What {
     /// What a MIDI event does to the score, or `None` for the events it ignores
-    /// (controllers, bends, aftertouch, system and meta events but tempo and time
-    /// signature).
+    /// (controllers, bends, aftertouch, system and meta events but tempo, time
+    /// and key signature; track names are read apart).
     fn of(kind: TrackEventKind) -> Option<What> {
         Some(match kind {
             TrackEventKind::Midi { channel, message } => {
@@ -403,6 +468,9 @@ impl What {
             TrackEventKind::Meta(MetaMessage::Tempo(us)) => What::Tempo(us.as_int()),
             TrackEventKind::Meta(MetaMessage::TimeSignature(num, den_pow, _, _)) => {
                 What::TimeSig { num, den_pow }
+            }
+            TrackEventKind::Meta(MetaMessage::KeySignature(sharps, minor)) => {
+                What::KeySig { sharps, minor }
             }
             _ => return None,
         })
@@ -506,6 +574,57 @@ mod tests {
             .iter()
             .map(|n| (n.start, n.duration, n.pitch, n.velocity))
             .collect()
+    }
+
+    fn named(name: &'static [u8], mut t: Vec<TrackEvent<'static>>) -> Vec<TrackEvent<'static>> {
+        t.insert(
+            0,
+            TrackEvent {
+                delta: u28::new(0),
+                kind: TrackEventKind::Meta(MetaMessage::TrackName(name)),
+            },
+        );
+        t
+    }
+
+    #[test]
+    fn a_track_name_goes_to_the_instrument_it_plays_first() {
+        // Track 0 plays (channel 0, program 0) and is named: a name, no title.
+        let bytes = file(vec![
+            named(b"Right hand", track(&[(0, 0, 60, 90), (480, 0, 60, 0)])),
+            named(b"Kit", track(&[(0, 9, 36, 90), (120, 9, 36, 0)])),
+            named(b"Unused", track(&[])),
+        ]);
+        let (s, _) = parse(&bytes).unwrap();
+        assert_eq!(s.title, None);
+        assert_eq!(s.instrument_name(0, false), Some("Right hand"));
+        assert_eq!(s.instrument_name(0, true), Some("Kit"));
+        assert_eq!(s.instrument_names.len(), 2);
+        // A first track with no notes names the piece.
+        let bytes = file(vec![
+            named(b"Song", track(&[])),
+            named(b"Lead", track(&[(0, 0, 60, 90), (480, 0, 60, 0)])),
+        ]);
+        let (s, _) = parse(&bytes).unwrap();
+        assert_eq!(s.title.as_deref(), Some("Song"));
+        assert_eq!(s.instrument_name(0, false), Some("Lead"));
+    }
+
+    #[test]
+    fn key_signatures_are_read_last_one_per_tick() {
+        let key = |delta: u32, sharps: i8, minor: bool| TrackEvent {
+            delta: u28::new(delta),
+            kind: TrackEventKind::Meta(MetaMessage::KeySignature(sharps, minor)),
+        };
+        let mut t = vec![key(0, 1, false), key(0, -2, true), key(960, 3, false)];
+        t.extend(track(&[(0, 0, 60, 90), (480, 0, 60, 0)]));
+        let (s, _) = parse(&file(vec![t])).unwrap();
+        let got: Vec<_> = s
+            .key_signatures
+            .iter()
+            .map(|k| (k.tick, k.sharps, k.minor))
+            .collect();
+        assert_eq!(got, vec![(0, -2, true), (960, 3, false)]);
     }
 
     #[test]

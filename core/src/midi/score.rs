@@ -66,15 +66,65 @@ impl TimeSignature {
     }
 }
 
-/// A piece of music: notes sorted by (start, program, pitch), tempo and time
-/// signature maps sorted by tick. Without a tempo or time-signature event at
-/// tick 0, MIDI's defaults (120 BPM, 4/4) apply until the first one.
+/// A key signature from `tick` on: `sharps` sharps (flats when negative,
+/// -7..=7 in a valid file), in a major or a minor key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySignature {
+    pub tick: u64,
+    pub sharps: i8,
+    pub minor: bool,
+}
+
+/// The name of the track an instrument's notes came from (the first such
+/// track that had a name).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstrumentName {
+    /// General MIDI program; 0 for drums.
+    pub program: u8,
+    pub is_drum: bool,
+    pub name: String,
+}
+
+/// Longest name kept from a file, in bytes.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// A track name as kept: UTF-8 (invalid bytes replaced), control characters
+/// dropped, trimmed, at most [`MAX_NAME_BYTES`]; `None` when nothing is left.
+pub fn clean_name(bytes: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::new();
+    for c in text.chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > MAX_NAME_BYTES {
+            break;
+        }
+        out.push(c);
+    }
+    let out = out.trim();
+    (!out.is_empty()).then(|| out.to_string())
+}
+
+/// A piece of music: notes sorted by (start, program, pitch), tempo, time
+/// signature and key signature maps sorted by tick. Without a tempo or
+/// time-signature event at tick 0, MIDI's defaults (120 BPM, 4/4) apply until
+/// the first one. Key signatures, the title and the instruments' names are
+/// what a file said of itself: the tokenizer ignores them, the writer writes
+/// them back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Score {
     pub ticks_per_quarter: u32,
     pub notes: Vec<Note>,
     pub tempos: Vec<TempoChange>,
     pub time_signatures: Vec<TimeSignature>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_signatures: Vec<KeySignature>,
+    /// The name of the file's first track when it holds no notes (or of the
+    /// only track of a format 0 file): the piece's title, as most editors
+    /// write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Sorted by (is_drum, program); one entry per instrument at most.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instrument_names: Vec<InstrumentName>,
 }
 
 impl Score {
@@ -84,7 +134,18 @@ impl Score {
             notes: Vec::new(),
             tempos: Vec::new(),
             time_signatures: Vec::new(),
+            key_signatures: Vec::new(),
+            title: None,
+            instrument_names: Vec::new(),
         }
+    }
+
+    /// The name given to an instrument, if the file named it.
+    pub fn instrument_name(&self, program: u8, is_drum: bool) -> Option<&str> {
+        self.instrument_names
+            .iter()
+            .find(|n| n.is_drum == is_drum && (is_drum || n.program == program))
+            .map(|n| n.name.as_str())
     }
 
     /// Tick at which the last note ends (0 for an empty score).
@@ -107,6 +168,9 @@ impl Score {
         }
         self.tempos.sort_by_key(|t| t.tick);
         self.time_signatures.sort_by_key(|t| t.tick);
+        self.key_signatures.sort_by_key(|t| t.tick);
+        self.instrument_names
+            .sort_by_key(|n| (n.is_drum, n.program));
     }
 
     /// Seconds at which `tick` sounds, following the tempo map.
@@ -166,6 +230,16 @@ impl Score {
                 ..*t
             })
             .collect();
+        out.key_signatures = self
+            .key_signatures
+            .iter()
+            .map(|k| KeySignature {
+                tick: conv(k.tick),
+                ..*k
+            })
+            .collect();
+        out.title = self.title.clone();
+        out.instrument_names = self.instrument_names.clone();
         out
     }
 
@@ -230,6 +304,39 @@ mod tests {
             denominator: 8,
         });
         assert_eq!(s.bar_ticks(40), vec![0, 12, 24, 36]);
+    }
+
+    #[test]
+    fn names_are_cleaned_and_bounded() {
+        assert_eq!(clean_name(b"  Violin I\n").as_deref(), Some("Violin I"));
+        assert_eq!(clean_name(b"\x00\x01 "), None);
+        assert_eq!(clean_name(b"Fl\xfcte").as_deref(), Some("Fl\u{fffd}te"));
+        let long = clean_name(&[b'a'; 1000]).unwrap();
+        assert_eq!(long.len(), MAX_NAME_BYTES);
+        // A multi-byte character is never cut in half.
+        let wide = clean_name("\u{e9}".repeat(100).as_bytes()).unwrap();
+        assert!(wide.len() <= MAX_NAME_BYTES && wide.chars().all(|c| c == '\u{e9}'));
+    }
+
+    #[test]
+    fn rescale_keeps_key_signatures_and_names() {
+        let mut s = Score::new(960);
+        s.key_signatures.push(KeySignature {
+            tick: 1920,
+            sharps: -3,
+            minor: true,
+        });
+        s.title = Some("Air".into());
+        s.instrument_names.push(InstrumentName {
+            program: 40,
+            is_drum: false,
+            name: "Violin".into(),
+        });
+        let r = s.rescaled(480);
+        assert_eq!(r.key_signatures[0].tick, 960);
+        assert_eq!(r.title.as_deref(), Some("Air"));
+        assert_eq!(r.instrument_name(40, false), Some("Violin"));
+        assert_eq!(r.instrument_name(0, false), None);
     }
 
     #[test]

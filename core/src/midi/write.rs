@@ -152,10 +152,17 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
     if tpq == 0 || tpq > 0x7fff {
         bail!("ticks per quarter {tpq} cannot be written to a MIDI file (1..=32767)");
     }
-    let mut tracks: Vec<Vec<TrackEvent<'static>>> = Vec::new();
+    let mut tracks: Vec<Vec<TrackEvent<'_>>> = Vec::new();
 
-    // Meta track: tempos and time signatures, in time order.
-    let mut meta: Vec<(u64, u8, TrackEventKind<'static>)> = Vec::new();
+    // Meta track: the title, then tempos, time and key signatures, in time order.
+    let mut meta: Vec<(u64, u8, TrackEventKind<'_>)> = Vec::new();
+    if let Some(title) = &score.title {
+        meta.push((
+            0,
+            0,
+            TrackEventKind::Meta(MetaMessage::TrackName(title.as_bytes())),
+        ));
+    }
     for ts in &score.time_signatures {
         let den = ts.denominator;
         if ts.numerator == 0 || den == 0 || !den.is_power_of_two() {
@@ -182,6 +189,13 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
             t.tick,
             1,
             TrackEventKind::Meta(MetaMessage::Tempo(u24::new(us))),
+        ));
+    }
+    for k in &score.key_signatures {
+        meta.push((
+            k.tick,
+            2,
+            TrackEventKind::Meta(MetaMessage::KeySignature(k.sharps.clamp(-7, 7), k.minor)),
         ));
     }
     meta.sort_by_key(|(t, k, _)| (*t, *k));
@@ -231,7 +245,14 @@ pub fn to_bytes(score: &Score) -> Result<Vec<u8>> {
             MELODIC_CHANNELS[(melodic_index - 1) % MELODIC_CHANNELS.len()]
         };
         let program = to_u7(inst.program, "program")?;
-        let mut evs: Vec<(u64, u8, TrackEventKind<'static>)> = Vec::new();
+        let mut evs: Vec<(u64, u8, TrackEventKind<'_>)> = Vec::new();
+        if let Some(name) = score.instrument_name(inst.program, inst.is_drum) {
+            evs.push((
+                0,
+                0,
+                TrackEventKind::Meta(MetaMessage::TrackName(name.as_bytes())),
+            ));
+        }
         if shared.is_none() || inst.is_drum {
             evs.push((
                 0,
@@ -397,7 +418,7 @@ pub fn write_file(score: &Score, path: &Path) -> Result<()> {
     crate::util::write_atomic(path, &bytes)
 }
 
-fn with_deltas(events: Vec<(u64, TrackEventKind<'static>)>) -> Result<Vec<TrackEvent<'static>>> {
+fn with_deltas(events: Vec<(u64, TrackEventKind<'_>)>) -> Result<Vec<TrackEvent<'_>>> {
     let mut out = Vec::with_capacity(events.len() + 1);
     let mut last = 0u64;
     for (tick, kind) in events {
@@ -519,6 +540,48 @@ mod tests {
 
     fn track_count(bytes: &[u8]) -> usize {
         Smf::parse(bytes).unwrap().tracks.len()
+    }
+
+    #[test]
+    fn title_key_signatures_and_instrument_names_come_back() {
+        use crate::midi::{InstrumentName, KeySignature};
+        let mut s = score(vec![
+            note(0, 480, 60, 80, 0),
+            note(0, 480, 36, 70, 33),
+            drum(0, 120, 42),
+            drum(480, 120, 36),
+        ]);
+        s.title = Some("Reel".into());
+        s.key_signatures = vec![
+            KeySignature {
+                tick: 0,
+                sharps: 2,
+                minor: false,
+            },
+            KeySignature {
+                tick: 960,
+                sharps: -1,
+                minor: true,
+            },
+        ];
+        s.instrument_names = vec![
+            InstrumentName {
+                program: 0,
+                is_drum: false,
+                name: "Piano".into(),
+            },
+            InstrumentName {
+                program: 0,
+                is_drum: true,
+                name: "Kit".into(),
+            },
+        ];
+        s.sort();
+        let (back, _) = parse(&to_bytes(&s).unwrap()).unwrap();
+        assert_eq!(back.title.as_deref(), Some("Reel"));
+        assert_eq!(back.key_signatures, s.key_signatures);
+        assert_eq!(back.instrument_names, s.instrument_names);
+        assert_eq!(keys(&back.notes), keys(&s.notes));
     }
 
     #[test]

@@ -554,6 +554,15 @@ function again(piece) {
   generate(null);
 }
 
+// New tokens kept, and why the progress counted more when it did.
+function newTokens(piece) {
+  const kept = piece.tokens - piece.prompt_tokens;
+  const extra = (piece.drawn || kept) - kept;
+  if (extra <= 0) return `${kept} new tokens`;
+  return `${kept} new tokens of ${piece.drawn} drawn: the end mark or an unfinished ` +
+    `note at the end is not kept`;
+}
+
 function pieceCard(piece) {
   const f = piece.files;
   const s = piece.settings;
@@ -566,9 +575,10 @@ function pieceCard(piece) {
       piece.prompt_name ? ` after ${piece.prompt_name}` : " from nothing")),
     el("p", { class: "meta" },
       `${piece.stats.bars} bars, ${clock(piece.seconds)}, ${piece.notes} notes ` +
-      `(${piece.tokens - piece.prompt_tokens} new tokens after ${piece.prompt_tokens}); ` +
+      `(${newTokens(piece)} after ${piece.prompt_tokens}); ` +
       `seed ${s.seed}, temperature ${s.temperature}, top-k ${s.top_k}, top-p ${s.top_p}, ` +
       `instruments ${s.programs}, variation ${piece.index}`),
+    piece.silent ? el("p", { class: "silent" }, piece.silent) : null,
     el("div", { class: "media" }, audio, pianoRoll(piece, f.wav ? audio : null)),
     statsTable(piece),
     el("p", { class: "downloads" }, "Download: ",
