@@ -16,6 +16,7 @@ ROWS = [
     ("music2048", "+150 steps, musical RoPE + 25% piece starts, 2 x 2,048"),
     ("starts512", "+600 steps, shipped config + 25% piece starts, 8 x 512"),
     ("bars512", "+600 steps, bar embedding (64) + 25% piece starts, 8 x 512"),
+    ("barsknown512", "+600 steps, bar embedding (64), every window's bar known, + 25% piece starts, 8 x 512"),
 ]
 
 
