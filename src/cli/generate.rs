@@ -544,8 +544,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             piano_roll: render::PianoRollOptions::default(),
         };
         let w = pieces::write_piece(s, vocab, &files, soundfont.as_deref(), prompt_file.as_ref())?;
-        let silent = pieces::not_played(cfg.programs.as_deref(), &w.played);
-        if let Some(msg) = pieces::silence_warning(&silent) {
+        if let Some(msg) = pieces::silence_warning(cfg.programs.as_deref(), &w.played) {
             warn!("{}: {msg}", files.midi.display());
         }
         let mut record = PieceRecord {

@@ -134,20 +134,47 @@ pub struct WrittenPiece {
 /// least common multiple of the file's and the grid's when MIDI can hold it
 /// (both parts then land on it exactly), else the decoder's.
 pub fn keep_prompt(file: &Score, tokens: &[u32], prompt_len: usize, vocab: &Vocab) -> Score {
-    let prompt_len = prompt_len.min(tokens.len());
-    let decoded = |ids: &[u32]| tokenizer::to_output_resolution(&tokenizer::decode(ids, vocab).0);
-    let all = decoded(tokens);
-    let pre = decoded(&tokens[..prompt_len]);
+    splice(file, &Decoded::of(tokens, prompt_len, vocab), vocab)
+}
+
+/// A sample decoded once for everything [`write_piece`] derives from it.
+struct Decoded {
+    /// The whole piece, at the output resolution.
+    all: Score,
+    /// BOS and the prompt alone, at the same resolution.
+    pre: Score,
+    /// `Bar` tokens of the prompt.
+    prompt_bars: usize,
+    /// Tokens the decoder skipped in the whole piece.
+    skipped: usize,
+}
+
+impl Decoded {
+    fn of(tokens: &[u32], prompt_len: usize, vocab: &Vocab) -> Decoded {
+        let head = &tokens[..prompt_len.min(tokens.len())];
+        let (all, rep) = tokenizer::decode(tokens, vocab);
+        Decoded {
+            all: tokenizer::to_output_resolution(&all),
+            pre: tokenizer::to_output_resolution(&tokenizer::decode(head, vocab).0),
+            prompt_bars: head.iter().filter(|&&t| t == BAR_ID).count(),
+            skipped: rep.skipped,
+        }
+    }
+
+    /// The notes the model added after the prompt.
+    fn added_notes(&self) -> Vec<Note> {
+        added(&self.all.notes, &self.pre.notes)
+    }
+}
+
+/// [`keep_prompt`] of a decoded sample.
+fn splice(file: &Score, d: &Decoded, vocab: &Vocab) -> Score {
     let grid = vocab.config().positions_per_quarter.max(1) as u64;
     let src = file.ticks_per_quarter.max(1) as u64;
-    let dec = all.ticks_per_quarter.max(1) as u64;
+    let dec = d.all.ticks_per_quarter.max(1) as u64;
     let tpq = lcm(src, grid).filter(|&l| l <= 0x7fff).unwrap_or(dec);
-    let bars = tokens[..prompt_len]
-        .iter()
-        .filter(|&&t| t == BAR_ID)
-        .count();
     // The first grid step after the prompt (decoded ticks lie on the grid).
-    let cut = bar_start(&pre, bars) * grid / dec;
+    let cut = bar_start(&d.pre, d.prompt_bars) * grid / dec;
     let in_prompt = |tick: u64| rescale_tick(tick, src, grid) < cut;
     let from_file = |tick: u64| rescale_tick(tick, src, tpq);
     let from_model = |tick: u64| rescale_tick(tick, dec, tpq);
@@ -168,10 +195,8 @@ pub fn keep_prompt(file: &Score, tokens: &[u32], prompt_len: usize, vocab: &Voca
         &mut file.notes.iter().copied().filter(|n| in_prompt(n.start)),
         &from_file,
     );
-    out.notes.extend(notes(
-        &mut added(&all.notes, &pre.notes).into_iter(),
-        &from_model,
-    ));
+    out.notes
+        .extend(notes(&mut d.added_notes().into_iter(), &from_model));
 
     let tempo = |t: &TempoChange| (t.tick, t.us_per_quarter);
     out.tempos = file
@@ -184,8 +209,8 @@ pub fn keep_prompt(file: &Score, tokens: &[u32], prompt_len: usize, vocab: &Voca
         })
         .collect();
     let model_tempos = changes(
-        &all.tempos.iter().map(tempo).collect::<Vec<_>>(),
-        &pre.tempos.iter().map(tempo).collect::<Vec<_>>(),
+        &d.all.tempos.iter().map(tempo).collect::<Vec<_>>(),
+        &d.pre.tempos.iter().map(tempo).collect::<Vec<_>>(),
     );
     out.tempos
         .extend(model_tempos.into_iter().map(|(tick, us)| TempoChange {
@@ -204,8 +229,8 @@ pub fn keep_prompt(file: &Score, tokens: &[u32], prompt_len: usize, vocab: &Voca
         })
         .collect();
     let model_sigs = changes(
-        &all.time_signatures.iter().map(sig).collect::<Vec<_>>(),
-        &pre.time_signatures.iter().map(sig).collect::<Vec<_>>(),
+        &d.all.time_signatures.iter().map(sig).collect::<Vec<_>>(),
+        &d.pre.time_signatures.iter().map(sig).collect::<Vec<_>>(),
     );
     out.time_signatures
         .extend(model_sigs.into_iter().map(|(tick, (n, d))| TimeSignature {
@@ -303,9 +328,12 @@ fn changes<V: Ord + Copy>(all: &[(u64, V)], part: &[(u64, V)]) -> Vec<(u64, V)> 
 /// The instruments of the notes that the tokens after the first
 /// `prompt_len` add (programs, [`tokenizer::DRUMS`] for drums), sorted.
 pub fn played_after_prompt(tokens: &[u32], prompt_len: usize, vocab: &Vocab) -> Vec<u8> {
-    let all = tokenizer::decode(tokens, vocab).0;
-    let pre = tokenizer::decode(&tokens[..prompt_len.min(tokens.len())], vocab).0;
-    let mut out: Vec<u8> = added(&all.notes, &pre.notes)
+    instruments(&Decoded::of(tokens, prompt_len, vocab).added_notes())
+}
+
+/// The instruments of `notes` (programs, [`tokenizer::DRUMS`]), sorted.
+fn instruments(notes: &[Note]) -> Vec<u8> {
+    let mut out: Vec<u8> = notes
         .iter()
         .map(|n| {
             if n.is_drum {
@@ -322,7 +350,7 @@ pub fn played_after_prompt(tokens: &[u32], prompt_len: usize, vocab: &Vocab) -> 
 
 /// The instruments of `wanted` (`--programs` as applied; `None`: any) that
 /// `played` lacks.
-pub fn not_played(wanted: Option<&[u8]>, played: &[u8]) -> Vec<u8> {
+fn not_played(wanted: Option<&[u8]>, played: &[u8]) -> Vec<u8> {
     wanted
         .unwrap_or_default()
         .iter()
@@ -341,9 +369,11 @@ pub fn instrument_label(program: u8) -> String {
     }
 }
 
-/// The warning for instruments that were allowed, or in the prompt, and that
-/// the model left silent: sampling bans the others but forces none to play.
-pub fn silence_warning(silent: &[u8]) -> Option<String> {
+/// The warning for the instruments of `wanted` (`--programs` as applied,
+/// which is the prompt's by default) that are not in `played`
+/// ([`WrittenPiece::played`]): sampling bans the others but forces none to play.
+pub fn silence_warning(wanted: Option<&[u8]>, played: &[u8]) -> Option<String> {
+    let silent = not_played(wanted, played);
     (!silent.is_empty()).then(|| {
         let names: Vec<String> = silent.iter().map(|&p| instrument_label(p)).collect();
         format!(
@@ -366,10 +396,10 @@ pub fn write_piece(
     soundfont: Option<&Path>,
     prompt: Option<&Score>,
 ) -> Result<WrittenPiece> {
-    let (score, rep) = tokenizer::decode(&sample.tokens, vocab);
+    let decoded = Decoded::of(&sample.tokens, sample.prompt_len, vocab);
     let score = match prompt {
-        Some(file) => keep_prompt(file, &sample.tokens, sample.prompt_len, vocab),
-        None => tokenizer::to_output_resolution(&score),
+        Some(file) => splice(file, &decoded, vocab),
+        None => decoded.all.clone(),
     };
     midi::write_file(&score, &files.midi)?;
     if let Some(path) = &files.tokens {
@@ -384,8 +414,8 @@ pub fn write_piece(
     }
     Ok(WrittenPiece {
         score,
-        played: played_after_prompt(&sample.tokens, sample.prompt_len, vocab),
-        skipped: rep.skipped,
+        played: instruments(&decoded.added_notes()),
+        skipped: decoded.skipped,
         audio,
     })
 }
@@ -520,12 +550,13 @@ mod tests {
         let silent = not_played(Some(&[0, 33, tokenizer::DRUMS]), &[0]);
         assert_eq!(silent, vec![33, tokenizer::DRUMS]);
         assert!(not_played(None, &[0]).is_empty());
-        let w = silence_warning(&silent).unwrap();
+        let w = silence_warning(Some(&[0, 33, tokenizer::DRUMS]), &[0]).unwrap();
         assert!(
             w.starts_with("Fingered Bass (33), drums played no note"),
             "{w}"
         );
-        assert_eq!(silence_warning(&[]), None);
+        assert_eq!(silence_warning(Some(&[0]), &[0]), None);
+        assert_eq!(silence_warning(None, &[]), None);
     }
 
     #[test]

@@ -209,10 +209,7 @@ fn run(m: &mut LoadedModel, shared: &Shared, work: Work) -> Result<()> {
             prompt_seconds: (!body.is_empty())
                 .then(|| prompt_end_seconds(&w.score, prompt_bars))
                 .flatten(),
-            silent: pieces::silence_warning(&pieces::not_played(
-                cfg.programs.as_deref(),
-                &w.played,
-            )),
+            silent: pieces::silence_warning(cfg.programs.as_deref(), &w.played),
             settings: req.clone(),
         };
         // The record of the piece; `piece` lets a later studio list it.

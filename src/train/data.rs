@@ -231,7 +231,8 @@ pub fn validation_windows_with_bars(
             let end = (at + len).min(p.ids.len());
             let mut w = p.ids[at..end].to_vec();
             w.resize(len, PAD_ID);
-            let bars = p.ids[..at].iter().filter(|&&t| t == BAR_ID).count() as i64;
+            // starts[0] is BOS; the Bar offsets after it that lie before `at`
+            let bars = p.starts[1..].partition_point(|&s| s < at) as i64;
             out.push((w, bars));
             if out.len() >= max {
                 break 'outer;

@@ -262,16 +262,14 @@ pub fn check_context(
     Ok((set.into_iter().collect(), from))
 }
 
-/// The bar index after `ids`: the bars begun since the last `BOS`, or all of them.
+/// The bar index after `ids` ([`crate::model::clock::BarIndex`]): the bars begun
+/// since the last `BOS`, or all of them.
 fn bars_before(ids: &[u32]) -> i64 {
-    let from = ids
-        .iter()
-        .rposition(|&t| t == crate::tokenizer::BOS_ID)
-        .map_or(0, |i| i + 1);
-    ids[from..]
-        .iter()
-        .filter(|&&t| t == crate::tokenizer::BAR_ID)
-        .count() as i64
+    let mut at = crate::model::clock::BarIndex(Some(0));
+    for &id in ids {
+        at.advance(id as i64, i64::MAX);
+    }
+    at.0.unwrap_or(0)
 }
 
 /// The context gain of `model` over `windows` (source, tokens from the piece's start),
