@@ -213,6 +213,21 @@ fn bad_context_and_ablation_flags_are_refused() {
     refused(&["--ablate", "mlp"], &["--ablate"]);
 }
 
+/// `--max-len` sizes nothing: any number is scored like the pieces' own length (it once
+/// sized two buffers of that many positions, and a huge one aborted the process).
+#[test]
+fn a_huge_max_len_scores_like_the_pieces_own_length() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = scales_dataset(tmp.path(), "scales", 2, 50);
+    let run = tiny_run(&tmp.path().join("plain"), &data, false);
+    let (_, whole) = eval_len(&run, &data, &tmp.path().join("a.json"), 100_000, &[]);
+    let (_, huge) = eval_len(&run, &data, &tmp.path().join("b.json"), usize::MAX, &[]);
+    assert!(whole["bins"].as_array().is_some_and(|b| !b.is_empty()));
+    for key in ["bins", "mean_within", "pieces"] {
+        assert_eq!(whole[key], huge[key], "{key}");
+    }
+}
+
 /// MIDI files of `bars` bars of 4/4 each, bar b playing the figure of bar b mod `period`
 /// (eighth notes; each figure its own pitches).
 fn periodic_pieces(dir: &Path, pieces: u8, bars: u64, period: u64) -> PathBuf {

@@ -653,12 +653,15 @@ pub fn evaluate_probed(o: &EvalOptions, probes: &Probes) -> Result<EvalReport> {
     let windows: Vec<(String, Vec<u32>)> = pieces
         .iter()
         .map(|p| {
-            let n = p.ids.len().min(max_len + 1);
+            let n = p.ids.len().min(max_len.saturating_add(1));
             (p.source.clone(), p.ids[..n].to_vec())
         })
         .collect();
-    let mut sums = vec![0.0; max_len];
-    let mut counts = vec![0u64; max_len];
+    // Positions are counted up to the longest window scored, not up to --max-len, which
+    // may be any number a user types (a huge one must not size these buffers).
+    let scored_len = windows.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+    let mut sums = vec![0.0; max_len.min(scored_len)];
+    let mut counts = vec![0u64; max_len.min(scored_len)];
     let table = crate::eval::PitchTable::new(&m.vocab);
     let mut groups: std::collections::BTreeMap<String, crate::eval::Accumulator> =
         Default::default();
@@ -703,11 +706,11 @@ pub fn evaluate_probed(o: &EvalOptions, probes: &Probes) -> Result<EvalReport> {
         }
         None => None,
     };
-    let bins = (0..max_len)
+    let bins = (0..max_len.min(sums.len()))
         .step_by(o.bin)
         .filter_map(|start| {
             let end = (start + o.bin).min(max_len);
-            let tokens: u64 = counts[start..end].iter().sum();
+            let tokens: u64 = counts[start..end.min(counts.len())].iter().sum();
             mean_over(&sums, &counts, start, end).map(|mean_nll| Bin {
                 start,
                 end,
