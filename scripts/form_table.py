@@ -17,7 +17,16 @@ ROWS = [
     ("starts512", "+600 steps, shipped config + 25% piece starts, 8 x 512"),
     ("bars512", "+600 steps, bar embedding (64) + 25% piece starts, 8 x 512"),
     ("barsknown512", "+600 steps, bar embedding (64), every window's bar known, + 25% piece starts, 8 x 512"),
+    ("scratch-base", "from scratch, shipped recipe, {steps} steps"),
+    ("scratch-music", "from scratch, + musical RoPE (8 bar, 8 position pairs), {steps} steps"),
 ]
+
+
+def labelled(d, row, label):
+    """The row's label, with {steps} read from its run's config.json."""
+    cfg = os.path.join(d, row, "config.json")
+    steps = json.load(open(cfg))["train"]["steps"] if os.path.exists(cfg) else "?"
+    return label.format(steps=f"{steps:,}" if isinstance(steps, int) else steps)
 
 
 def load(d, name):
@@ -33,7 +42,7 @@ def main(d):
         e, a, c, k = (load(d, f"{p}-{row}.json") for p in ("eval", "ablate", "ctx", "cont"))
         if e is None:
             continue
-        cells = [label, f"{e['loss']:.4f}", f"{100 * e['by_type']['Pitch']['top1']:.1f}%"]
+        cells = [labelled(d, row, label), f"{e['loss']:.4f}", f"{100 * e['by_type']['Pitch']['top1']:.1f}%"]
         cells.append(f"{a['loss']:.4f} (+{100 * (a['loss'] / e['loss'] - 1):.1f}%)" if a else "")
         if c:
             g = c["context_gain"]
@@ -73,7 +82,7 @@ def probe_table(d):
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row, label in rows:
         r = load(d, f"eval-{row}.json")["returns"]
-        cells = [label, pitch(r["returning"]), pitch(r.get("entering")), pitch(r.get("continuing")),
+        cells = [labelled(d, row, label), pitch(r["returning"]), pitch(r.get("entering")), pitch(r.get("continuing")),
                  pitch(r.get("entry_pitch")), pitch(r["fresh"])]
         cells += [strain(load(d, f"{p}-{row}.json")) for p in ("cont", "cont-noguard", "cont-greedy")]
         print("| " + " | ".join(cells) + " |")

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 25's from-scratch side-by-side: each row trains the `small` preset from random
+# weights on one cosine schedule of STEPS steps (default 2000) of 8 x 512 tokens, seed 0,
+# the same batches for every row (they depend on (seed, step) and the window only).
+# A finished row is skipped, an interrupted one resumed exactly (--resume).
+# Rows: scratch-base (the shipped recipe) and scratch-music (+ musical RoPE), from
+# scripts/form/<row>.toml. Then: OUT=runs/form-scratch bash scripts/form-eval.sh ROW...
+# Usage: bash scripts/form-scratch.sh [ROW ...]   (give it the machine alone)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release/cadenza}
+DATA=${DATA:-runs/corpus-data-remi-compact}
+OUT=${OUT:-runs/form-scratch}
+STEPS=${STEPS:-2000}
+rows=("$@")
+[ ${#rows[@]} -gt 0 ] || rows=(scratch-base scratch-music)
+mkdir -p "$OUT"
+for row in "${rows[@]}"; do
+    cfg=scripts/form/$row.toml
+    [ -f "$cfg" ] || { echo "unknown row $row (no $cfg)" >&2; exit 2; }
+    run=$OUT/$row
+    if [ -f "$run/checkpoint/state.json" ] && grep -q "\"step\":$STEPS\b" "$run/checkpoint/state.json"; then
+        echo "== $row: done"; continue
+    fi
+    if [ -f "$run/checkpoint/state.json" ]; then
+        echo "== $row: resuming"
+        "$BIN" train -o "$run" --resume
+    else
+        echo "== $row: from scratch, $STEPS steps"
+        "$BIN" train -o "$run" --data "$DATA" --vocab vocab/remi-compact.json --preset small \
+            --config "$cfg" --seq-len 512 --batch 8 --steps "$STEPS" --seed 0 --threads 2
+    fi
+done
