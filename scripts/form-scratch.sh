@@ -3,7 +3,8 @@
 # weights on one cosine schedule of STEPS steps (default 2000) of 8 x 512 tokens, seed 0,
 # the same batches for every row (they depend on (seed, step) and the window only).
 # A finished row is skipped, an interrupted one resumed exactly (--resume).
-# Rows: scratch-base (the shipped recipe) and scratch-music (+ musical RoPE), from
+# Rows: scratch-base (the shipped recipe), scratch-music (+ musical RoPE) and
+# scratch-music-spe (+ the FAVOR+ heads' SineSPE in musical time), from
 # scripts/form/<row>.toml. Then: OUT=runs/form-scratch bash scripts/form-eval.sh ROW...
 # Usage: bash scripts/form-scratch.sh [ROW ...]   (give it the machine alone)
 set -euo pipefail

@@ -19,6 +19,7 @@ ROWS = [
     ("barsknown512", "+600 steps, bar embedding (64), every window's bar known, + 25% piece starts, 8 x 512"),
     ("scratch-base", "from scratch, shipped recipe, {steps} steps"),
     ("scratch-music", "from scratch, + musical RoPE (8 bar, 8 position pairs), {steps} steps"),
+    ("scratch-music-spe", "from scratch, + musical RoPE and SineSPE in musical time, {steps} steps"),
 ]
 
 

@@ -35,7 +35,7 @@ use crate::model::precision::dense;
 use crate::model::rope::{
     apply_rope, apply_rope_libtorch, musical_rope_tables, rope_tables, turn_of,
 };
-use crate::model::spe::{sine_filter, spe_filter_with, GateFactors, SineFactors};
+use crate::model::spe::{sine_filter, spe_filter_each, spe_filter_with, GateFactors, SineFactors};
 use crate::model::{as_kind, host_f32, linear, residual_std};
 
 /// One layer's recurrent memory: what its later positions read of the earlier ones.
@@ -78,6 +78,9 @@ impl LayerState {
 pub enum WindowCode {
     /// Stored codes (qbar, kbar), each (L, H, D, R).
     Stored(Tensor, Tensor),
+    /// Stored codes of every sequence's own positions (SPE in musical time), each
+    /// (B, L, H, D, R).
+    PerSequence(Tensor, Tensor),
     /// SineSPE codes formed inside the fused filter ([`sine_filter`]): the factors, and
     /// the cosines and sines of the queries' and keys' phases, each (L, H, D, 2K).
     Sine {
@@ -95,6 +98,10 @@ impl WindowCode {
             WindowCode::Stored(qbar, kbar) => (
                 spe_filter_with(q, qbar, gate),
                 spe_filter_with(k, kbar, gate),
+            ),
+            WindowCode::PerSequence(qbar, kbar) => (
+                spe_filter_each(q, qbar, gate),
+                spe_filter_each(k, kbar, gate),
             ),
             WindowCode::Sine {
                 factors,

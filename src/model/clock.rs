@@ -42,6 +42,14 @@ impl ClockState {
         }
         *self
     }
+
+    /// The place on the clock as one number, for SPE in musical time
+    /// ([`crate::model::config::ModelConfig::musical_spe`]): grid steps since the clock
+    /// started, every bar counted as `m.positions` steps (the longest bar the grid spells),
+    /// so it never falls within a sequence and a later bar is always further on.
+    pub fn musical_position(&self, m: &MusicalRope) -> i64 {
+        self.bar * m.positions + self.position
+    }
 }
 
 /// Where in the form a token stands, for the bar embedding
@@ -144,6 +152,20 @@ mod tests {
             assert_eq!(a.bar - c[7].bar, b.bar - d[2].bar);
             assert_eq!(a.position, b.position);
         }
+    }
+
+    #[test]
+    fn the_musical_position_never_falls_and_counts_bars_as_whole_grids() {
+        let m = rope();
+        // Bar, Pos_47 (the last step), pitch, Bar, Pos_0, Pos_3, BOS, Pos_5
+        let ids = [3, 57, 70, 3, 10, 13, 1, 15];
+        let mut clock = ClockState::default();
+        let at: Vec<i64> = coordinates(&ids, &mut clock, &m)
+            .iter()
+            .map(|c| c.musical_position(&m))
+            .collect();
+        assert_eq!(at, [48, 95, 95, 96, 96, 99, 144, 149]);
+        assert!(at.windows(2).all(|w| w[0] <= w[1]));
     }
 
     #[test]

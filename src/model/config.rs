@@ -358,6 +358,14 @@ pub struct ModelConfig {
         deserialize_with = "opt_int"
     )]
     pub bar_embedding: Option<i64>,
+    /// SineSPE of the FAVOR+ heads in musical time: a token's SPE position is its place on
+    /// the clock of `musical_rope` (which it needs; its pair counts may be 0), `bar *
+    /// positions + position` grid steps ([`crate::model::clock::ClockState::musical_position`]),
+    /// instead of its index, so the FAVOR+ heads' kernel sees "the same place 8 bars back"
+    /// as one lag whatever the note density (docs/model.md, "Musical positions"). false
+    /// (the configs written before it): the token index.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub musical_spe: bool,
 }
 
 /// Musical time in the RoPE of the local heads (`local_position = "rope"`): of the
@@ -507,6 +515,7 @@ impl ModelConfig {
             local_position: LocalPosition::Shared,
             musical_rope: None,
             bar_embedding: None,
+            musical_spe: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -678,6 +687,17 @@ impl ModelConfig {
                     m.position_first + m.positions,
                     self.vocab_size
                 );
+            }
+        }
+        if self.musical_spe {
+            if !matches!(self.positional, PositionalEncoding::SpeSine { .. }) {
+                bail!(
+                    "model config: musical_spe puts SineSPE's positions in musical time; it needs positional kind \"spe-sine\" (got \"{}\")",
+                    self.positional.name()
+                );
+            }
+            if self.musical_rope.is_none() {
+                bail!("model config: musical_spe reads the musical clock of musical_rope; set musical_rope too (bar_pairs = 0 and position_pairs = 0 leave the local heads' RoPE on the token index)");
             }
         }
         Ok(())
@@ -883,6 +903,35 @@ mod tests {
             redraw_prob: 0.0,
         };
         assert!(c.validate().unwrap_err().to_string().contains("even"));
+    }
+
+    #[test]
+    fn musical_spe_needs_sine_spe_and_the_clock() {
+        let mut c = ModelConfig::preset("tiny", 50).unwrap();
+        (c.local_heads, c.local_window, c.local_position) = (2, 8, LocalPosition::Rope);
+        c.musical_spe = true;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("musical_rope"), "{e}");
+        c.musical_rope = Some(MusicalRope {
+            bar_pairs: 0,
+            position_pairs: 0,
+            position_first: 4,
+            positions: 20,
+        });
+        c.validate().unwrap();
+        let mut conv = c.clone().with_positional("spe-conv").unwrap();
+        conv.musical_spe = true;
+        let e = conv.validate().unwrap_err().to_string();
+        assert!(e.contains("spe-sine") && e.contains("spe-conv"), "{e}");
+        // written only when on, so configs without it read back unchanged
+        let off = ModelConfig::preset("tiny", 50).unwrap();
+        assert!(serde_json::to_value(&off)
+            .unwrap()
+            .get("musical_spe")
+            .is_none());
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["musical_spe"], serde_json::json!(true));
+        assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), c);
     }
 
     #[test]

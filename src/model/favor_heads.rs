@@ -114,8 +114,9 @@ impl std::fmt::Debug for HostFavor {
 /// instead of some forty small libtorch calls (SPE filter with its gate, feature maps,
 /// state update): the same math as [`crate::model::spe::spe_filter_with`], [`FavorFeatures::features`] and
 /// [`recurrent_step`], in f32, summed in another order. `qkv` is the layer's projection for
-/// this position, (B, 3 * H * D) rows; `code` is this position's (qbar, kbar) of the FAVOR+
-/// heads, each (H', D, R). The state s (B, H', M, D) and z (B, H', M) is updated in place
+/// this position, (B, 3 * H * D) rows; `codes` are this position's (qbar, kbar) of the
+/// FAVOR+ heads, each (H', D, R): one per sequence (SPE in musical time) or one for all of
+/// them. The state s (B, H', M, D) and z (B, H', M) is updated in place
 /// (made contiguous first if it is not). Returns the outputs (B, H', D).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn host_favor_step(
@@ -126,13 +127,16 @@ pub(crate) fn host_favor_step(
     dim: usize,
     host: &HostFavor,
     layer: usize,
-    code: &(Vec<f32>, Vec<f32>),
+    codes: &[(Vec<f32>, Vec<f32>)],
     s: &mut Tensor,
     z: &mut Tensor,
 ) -> Vec<f32> {
     let hf = h - hl;
     let d_model = h * dim;
-    let r = code.0.len() / (hf * dim);
+    assert!(
+        codes.len() == 1 || codes.len() == batch,
+        "one SPE code per sequence, or one for all"
+    );
     let feats = &host.features[layer];
     let m = feats.num_features();
     for t in [&mut *s, &mut *z] {
@@ -150,6 +154,7 @@ pub(crate) fn host_favor_step(
         // (an empty tensor's data pointer may be null)
         return vec![];
     }
+    let r = codes[0].0.len() / (hf * dim);
     let (sp, zp) = (s.data_ptr() as *mut f32, z.data_ptr() as *mut f32);
     assert!(
         sp.wrapping_add(s.numel()) <= zp || zp.wrapping_add(z.numel()) <= sp,
@@ -172,6 +177,7 @@ pub(crate) fn host_favor_step(
     let mut out = vec![0f32; batch * hf * dim];
     for b in 0..batch {
         let row = &qkv[b * 3 * d_model..(b + 1) * 3 * d_model];
+        let code = &codes[if codes.len() == 1 { 0 } else { b }];
         for j in 0..hf {
             let head = hl + j;
             let at = |part: usize| &row[part * d_model + head * dim..][..dim];

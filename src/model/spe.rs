@@ -160,6 +160,19 @@ impl SineSpe {
     /// heads [`SineFactors::heads`] kept: the codes then have as many).
     pub fn codes_from(&self, f: &SineFactors, start: i64, len: i64) -> (Tensor, Tensor) {
         let (qo, ko) = self.omegas(f, start, len);
+        Self::codes_of(f, qo, ko, len)
+    }
+
+    /// The codes (qbar, kbar), each (N, H, D, R), of any N positions `at` (f64 (N,), on
+    /// the parameters' device; SPE in musical time): the same steps as
+    /// [`SineSpe::codes_from`], which is this at start..start+len.
+    pub fn codes_at(&self, f: &SineFactors, at: &Tensor) -> (Tensor, Tensor) {
+        let (qo, ko) = self.omegas_at(f, at);
+        Self::codes_of(f, qo, ko, at.size()[0])
+    }
+
+    /// Codes from the query's and key's [`SineSpe::omegas`] of `len` positions.
+    fn codes_of(f: &SineFactors, qo: Tensor, ko: Tensor, len: i64) -> (Tensor, Tensor) {
         let mk = |o: Tensor| -> Tensor {
             if len == 1 {
                 // A generation step: H * D products of (1, 2K) by (2K, R) are too small for a
@@ -181,12 +194,21 @@ impl SineSpe {
     /// these times [`SineFactors`]' zg, summed over 2K.
     pub fn omegas(&self, f: &SineFactors, start: i64, len: i64) -> (Tensor, Tensor) {
         let dev = self.freqs.device();
+        self.omegas_at(
+            f,
+            &Tensor::arange_start(start, start + len, (Kind::Double, dev)),
+        )
+    }
+
+    /// [`SineSpe::omegas`] of any N positions `at`, f64 (N,) on the parameters' device.
+    pub fn omegas_at(&self, f: &SineFactors, at: &Tensor) -> (Tensor, Tensor) {
         let kind = self.freqs.kind();
         let (h, d, k) = (f.zg.size()[0], self.dim, self.sines);
+        let len = at.size()[0];
         // f * m in cycles is formed in f64 and reduced mod 1 (frac has unit gradient) before
         // going back to the params' kind: large positions keep their phase precision while the
         // cos/sin tensors saved for backward stay in f32.
-        let pos = Tensor::arange_start(start, start + len, (Kind::Double, dev)).view([-1, 1, 1, 1]);
+        let pos = at.to_kind(Kind::Double).view([-1, 1, 1, 1]);
         let cycles = (&f.cycles * pos).frac().to_kind(kind); // (L, H, D, K)
         let kph = cycles * (2.0 * PI);
         let qph = &kph + &f.offsets;
@@ -483,6 +505,23 @@ pub fn spe_filter_libtorch(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>
             let t2 = x.permute([0, 2, 1, 3]).matmul(&gf.xi_b);
             t1 + t2
         }
+    }
+}
+
+/// [`spe_filter_with`] with a code per sequence (SPE in musical time, where every
+/// sequence has positions of its own): (B, L, H, D) queries or keys and a (B, L, H, D, R)
+/// code -> (B, H, L, R), in libtorch calls (products over D as broadcasts and sums:
+/// batched matrix products of B L H rows of one would run one small product each).
+pub fn spe_filter_each(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) -> Tensor {
+    let by_code = |x: &Tensor| {
+        (x.unsqueeze(-1) * code)
+            .sum_dim_intlist([-2i64].as_slice(), false, None)
+            .permute([0, 2, 1, 3])
+    }; // (B, H, L, R)
+    match gate {
+        None => by_code(x),
+        // (x sqrt(g)) xi = x (sqrt(g) xi), as in spe_filter_libtorch
+        Some(gf) => by_code(&(x * &gf.a)) + x.permute([0, 2, 1, 3]).matmul(&gf.xi_b),
     }
 }
 
@@ -871,6 +910,60 @@ mod tests {
                 "B {b} L {l} D {d} R {r} gated {gated} query {query}: relative error {err}"
             );
         }
+    }
+
+    #[test]
+    fn codes_at_any_positions_agree_with_the_window_forms() {
+        // SPE in musical time: a code per sequence, positions that repeat and jump
+        let (b, l, h, d, r) = (2, 6, 2, 4, 8);
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let spe = SineSpe::new(&vs.root(), h, d, 3, r, FreqInit::Spread);
+        let f = spe.factors(&spe.draw_z());
+        let rows: [[f64; 6]; 2] = [
+            [100.0, 101.0, 102.0, 103.0, 104.0, 105.0],
+            [0.0, 0.0, 3.0, 48.0, 48.0, 1_000_003.0],
+        ];
+        let at = Tensor::from_slice(rows.as_flattened());
+        let (qe, ke) = tch::no_grad(|| spe.codes_at(&f, &at));
+        let (qe, ke) = (qe.view([b, l, h, d, r]), ke.view([b, l, h, d, r]));
+        // a row of consecutive positions is the window's code
+        let (qw, kw) = tch::no_grad(|| spe.codes_from(&f, 100, l));
+        let close = |x: &Tensor, y: &Tensor| rel_err(x, y) < 1e-6;
+        assert!(close(&qe.get(0), &qw) && close(&ke.get(0), &kw));
+        // the host code of a position (a generation step) is the same
+        let host = f.host();
+        for (i, &p) in rows[1].iter().enumerate() {
+            let want = Vec::<f32>::try_from(qe.get(1).get(i as i64).reshape([-1])).unwrap();
+            let got = host.code_at(p as i64, true);
+            let err = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-5, "position {p}: {err}");
+        }
+        // the per-sequence filter is the shared one, row by row
+        let x = f32_leaf(&mut rng, &[b, l, h, d]);
+        let gate = f32_leaf(&mut rng, &[h, d]);
+        let xi = f32_leaf(&mut rng, &[h, d, r]);
+        for gated in [false, true] {
+            let gf = gated.then(|| GateFactors::new(&gate, &xi));
+            let each = tch::no_grad(|| spe_filter_each(&x, &ke, gf.as_ref()));
+            for row in 0..b {
+                let one = tch::no_grad(|| {
+                    spe_filter_libtorch(&x.narrow(0, row, 1), &ke.get(row), gf.as_ref())
+                });
+                assert!(
+                    rel_err(&each.narrow(0, row, 1), &one) < 1e-5,
+                    "row {row} gated {gated}"
+                );
+            }
+        }
+    }
+
+    fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-30)
     }
 
     #[test]

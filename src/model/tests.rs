@@ -123,6 +123,35 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_position = LocalPosition::Rope;
     c.musical_rope = Some(musical(1, 3));
     out.push(("spe-conv 1 musical rope local head window 9", c));
+    // SineSPE in musical time: shared and gated, and per layer, ungated, with the local
+    // heads' RoPE on the token index
+    let mut c = with("spe-sine");
+    c.local_heads = 2;
+    c.local_window = 6;
+    c.local_position = LocalPosition::Rope;
+    c.musical_rope = Some(musical(1, 1));
+    c.musical_spe = true;
+    out.push((
+        "spe-sine in musical time, 2 musical rope local heads window 6",
+        c,
+    ));
+    let mut c = with("spe-sine");
+    c.positional = PositionalEncoding::SpeSine {
+        sines: 3,
+        realizations: 8,
+        gated: false,
+        shared: false,
+        freq_init: crate::model::config::FreqInit::Spread,
+    };
+    c.local_heads = 1;
+    c.local_window = 4;
+    c.local_position = LocalPosition::Rope;
+    c.musical_rope = Some(musical(0, 0));
+    c.musical_spe = true;
+    out.push((
+        "spe-sine per layer in musical time, 1 rope local head window 4",
+        c,
+    ));
     // the bar embedding: the host step (SineSPE, RoPE local heads) and the libtorch step
     let mut c = with("spe-sine");
     c.local_heads = 2;
@@ -1176,6 +1205,41 @@ fn musical_rope_reads_each_sequence_clock() {
         rel(&before.narrow(1, 0, at), &after.narrow(1, 0, at)) < 1e-6,
         "causal"
     );
+}
+
+#[test]
+fn spe_in_musical_time_reads_each_sequence_clock() {
+    for name in [
+        "spe-sine in musical time, 2 musical rope local heads window 6",
+        "spe-sine per layer in musical time, 1 rope local head window 4",
+    ] {
+        let cfg = variant(name);
+        let (vs, mut m) = build(&cfg, 13);
+        m.freeze(7);
+        let toks = tokens(3, 36, 6);
+        let all = m.forward_t(&toks, 0, false);
+        // every row at its own clock: alone, it gives the same logits
+        for r in 0..3 {
+            let one = m.forward_t(&toks.narrow(0, r, 1), 0, false);
+            assert!(rel(&one, &all.narrow(0, r, 1)) < 1e-5, "{name}: row {r}");
+        }
+        // the same weights with SPE on the token index give other logits: the FAVOR+
+        // heads' codes stand at the clock's positions
+        let mut plain = cfg.clone();
+        plain.musical_spe = false;
+        let (mut vs_plain, mut p) = build(&plain, 13);
+        vs_plain.copy(&vs).unwrap();
+        p.freeze(7);
+        let other = p.forward_t(&toks, 0, false);
+        assert!(rel(&other, &all) > 1e-4, "{name}: {}", rel(&other, &all));
+        // nor does the offset of a call move them: the SPE positions come from the clock,
+        // and the local heads' RoPE is relative (with SPE on the token index the frozen
+        // codes of positions 500.. differ from those of 0..)
+        let later = m.forward_t(&toks, 500, false);
+        assert!(rel(&later, &all) < 1e-5, "{name}: {}", rel(&later, &all));
+        let plain_later = p.forward_t(&toks, 500, false);
+        assert!(rel(&plain_later, &other) > 1e-4, "{name}");
+    }
 }
 
 #[test]

@@ -320,11 +320,18 @@ impl Transformer {
         offset: i64,
         bars: Option<&[i64]>,
     ) -> Tensor {
-        let Some((x, codes)) = self.enter(tokens, offset, Mode::Train, &mut None, bars) else {
+        let clock = self.clock_coordinates(tokens, None);
+        let Some((x, codes)) = self.enter(
+            tokens,
+            offset,
+            Mode::Train,
+            &mut None,
+            bars,
+            clock.as_deref(),
+        ) else {
             return self.no_logits(tokens);
         };
         self.toss_redraw();
-        let clock = self.clock_coordinates(tokens, None);
         precision::scope(self.precision, || {
             self.layers(x, &codes, offset, clock, Mode::Train, None)
         })
@@ -668,19 +675,30 @@ impl Transformer {
                     .for_each(|(a, b)| *a += b);
             }
         }
-        // this position's codes, per SineSPE code (one when shared)
-        let codes: Vec<(Vec<f32>, Vec<f32>)> = hs
-            .favor
-            .codes
-            .iter()
-            .map(|c| (c.code_at(offset, true), c.code_at(offset, false)))
-            .collect();
-        // the local heads' RoPE turns of this position: one list, or one per sequence
+        // the clock after this token: the local heads' RoPE turns of this position (one
+        // list, or one per sequence), and the SPE positions in musical time
         let mut pos = Positions::new(offset, true);
         pos.musical = cfg.musical_rope.map(|m| {
             let coords = ids.iter().zip(state.clock.iter_mut());
             (m, coords.map(|(&t, c)| vec![c.advance(t, &m)]).collect())
         });
+        let spe_at: Vec<i64> = match &pos.musical {
+            Some((m, coords)) if cfg.musical_spe => {
+                coords.iter().map(|c| c[0].musical_position(m)).collect()
+            }
+            _ => vec![offset],
+        };
+        // this position's codes, per SineSPE code (one when shared): one per sequence in
+        // musical time, one for all of them on the token index
+        let codes: Vec<Vec<(Vec<f32>, Vec<f32>)>> = hs
+            .favor
+            .codes
+            .iter()
+            .map(|c| {
+                let at = |&p: &i64| (c.code_at(p, true), c.code_at(p, false));
+                spe_at.iter().map(at).collect()
+            })
+            .collect();
         let turns = if hl > 0 {
             pos.turns(hd as i64)
         } else {
@@ -727,21 +745,25 @@ impl Transformer {
 
     /// The codes of every SPE code over positions offset..offset+L: stored (qbar, kbar),
     /// each (L, H, D, R), or, for SineSPE outside a generation step where the fused
-    /// filter applies, what forms them inside it. Training draws their noise (torch RNG,
-    /// in the order of the codes); a state's ConvSPE rings are kept up to date.
+    /// filter applies, what forms them inside it; with SPE in musical time, SineSPE's
+    /// codes at every sequence's `clock` coordinates. Training draws their noise (torch
+    /// RNG, in the order of the codes); a state's ConvSPE rings are kept up to date.
     fn window_codes(
         &self,
         offset: i64,
         len: i64,
         mode: Mode,
         state: &mut Option<&mut RecurrentState>,
+        clock: Option<&[Vec<ClockState>]>,
     ) -> Vec<WindowCode> {
         let (h0, n) = self.spe_heads();
         let mut ring_idx = 0;
         let mut out = Vec::with_capacity(self.codes.len());
         for (c, code) in self.codes.iter().enumerate() {
             out.push(match code {
-                SpeCode::Sine(s) => self.sine_window(c, s, offset, len, mode, state.as_deref()),
+                SpeCode::Sine(s) => {
+                    self.sine_window(c, s, (offset, len, clock), mode, state.as_deref())
+                }
                 SpeCode::Conv(conv) => {
                     let ring = state.as_deref_mut().map(|st| &mut st.rings[ring_idx]);
                     ring_idx += 1;
@@ -753,14 +775,15 @@ impl Transformer {
         out
     }
 
-    /// The window of SineSPE code `c` (heads h0..h): its factors (drawn, frozen, or the
-    /// state's), formed inside the fused filter outside a generation step where it applies.
+    /// The window of SineSPE code `c` (heads h0..h) over positions offset..offset+len:
+    /// its factors (drawn, frozen, or the state's), formed inside the fused filter outside
+    /// a generation step where it applies; with SPE in musical time, stored codes at the
+    /// `clock` coordinates of every sequence.
     fn sine_window(
         &self,
         c: usize,
         s: &SineSpe,
-        offset: i64,
-        len: i64,
+        (offset, len, clock): (i64, i64, Option<&[Vec<ClockState>]>),
         mode: Mode,
         state: Option<&RecurrentState>,
     ) -> WindowCode {
@@ -775,6 +798,27 @@ impl Transformer {
                 .factors(self.frozen.z[c].as_ref().expect("frozen Z"))
                 .heads(h0, n),
         };
+        if self.cfg.musical_spe {
+            let m = self
+                .cfg
+                .musical_rope
+                .as_ref()
+                .expect("musical_spe is validated to come with musical_rope");
+            let rows = clock.expect("a model with musical_spe reads the clock of every call");
+            let at: Vec<f64> = rows
+                .iter()
+                .flatten()
+                .map(|c| c.musical_position(m) as f64)
+                .collect();
+            let at = Tensor::from_slice(&at).to_device(self.device);
+            let (qbar, kbar) = s.codes_at(&factors, &at); // (B L, H', D, R)
+            let shape = |t: Tensor| {
+                let mut dims = vec![rows.len() as i64, len];
+                dims.extend_from_slice(&t.size()[1..]);
+                t.view(dims.as_slice())
+            };
+            return WindowCode::PerSequence(shape(qbar), shape(kbar)); // (B, L, H', D, R)
+        }
         // SineSPE's codes formed inside the fused filter, outside a generation step
         let form_inside = mode != Mode::Step
             && sine_filter_applies(
@@ -860,17 +904,25 @@ impl Transformer {
         mut state: Option<&mut RecurrentState>,
         known_bars: Option<&[i64]>,
     ) -> Tensor {
-        let Some((x, codes)) = self.enter(tokens, offset, mode, &mut state, known_bars) else {
+        let clock = self.clock_coordinates(tokens, state.as_deref_mut());
+        let Some((x, codes)) = self.enter(
+            tokens,
+            offset,
+            mode,
+            &mut state,
+            known_bars,
+            clock.as_deref(),
+        ) else {
             return self.no_logits(tokens);
         };
-        let clock = self.clock_coordinates(tokens, state.as_deref_mut());
         precision::scope(self.precision, || {
             self.layers(x, &codes, offset, clock, mode, state)
         })
     }
 
     /// What comes before the layers: the embedded tokens (B, L, d) after dropout, and the
-    /// SPE codes of the call's window; None for an empty call.
+    /// SPE codes of the call's window (at the tokens' `clock` coordinates with SPE in
+    /// musical time); None for an empty call.
     fn enter(
         &self,
         tokens: &Tensor,
@@ -878,6 +930,7 @@ impl Transformer {
         mode: Mode,
         state: &mut Option<&mut RecurrentState>,
         known_bars: Option<&[i64]>,
+        clock: Option<&[Vec<ClockState>]>,
     ) -> Option<(Tensor, Vec<WindowCode>)> {
         let (_, l) = tokens.size2().expect("tokens must be (B, L)");
         if l == 0 {
@@ -886,7 +939,7 @@ impl Transformer {
         let bars = self.bar_rows(tokens, state.as_deref_mut(), known_bars); // (B, L)
         let x = self.embed.forward(tokens, offset, bars.as_ref()); // (B, L, d)
         let x = dropout(x, self.cfg.dropout, mode == Mode::Train);
-        let codes = self.window_codes(offset, l, mode, state);
+        let codes = self.window_codes(offset, l, mode, state, clock);
         Some((x, codes))
     }
 
