@@ -9,6 +9,7 @@
 # barsknown512 (the bar embedding with every window's bar index known, window_bars).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/form/train-row.sh
 BIN=${BIN:-target/release/cadenza}
 DATA=${DATA:-runs/corpus-data-remi-compact}
 OUT=${OUT:-runs/form}
@@ -29,16 +30,8 @@ for row in "${rows[@]}"; do
         *) echo "unknown row $row" >&2; exit 2 ;;
     esac
     run=$OUT/$row
-    if [ -f "$run/checkpoint/state.json" ] && grep -q "\"step\":$STEPS\b" "$run/checkpoint/state.json"; then
-        echo "== $row: done"; continue
-    fi
-    if [ -f "$run/checkpoint/state.json" ]; then
-        echo "== $row: resuming"
-        "$BIN" train -o "$run" --resume
-    else
-        echo "== $row: from models/cadenza-small"
+    train_row "$row, from models/cadenza-small" "$run" "$STEPS" \
         "$BIN" train -o "$run" --data "$DATA" --vocab vocab/remi-compact.json \
-            --init models/cadenza-small --config "$cfg" "${shape[@]}" \
-            --steps "$STEPS" --lr "$LR"
-    fi
+        --init models/cadenza-small --config "$cfg" "${shape[@]}" \
+        --steps "$STEPS" --lr "$LR"
 done

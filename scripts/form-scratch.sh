@@ -9,6 +9,7 @@
 # Usage: bash scripts/form-scratch.sh [ROW ...]   (give it the machine alone)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/form/train-row.sh
 BIN=${BIN:-target/release/cadenza}
 DATA=${DATA:-runs/corpus-data-remi-compact}
 OUT=${OUT:-runs/form-scratch}
@@ -20,15 +21,7 @@ for row in "${rows[@]}"; do
     cfg=scripts/form/$row.toml
     [ -f "$cfg" ] || { echo "unknown row $row (no $cfg)" >&2; exit 2; }
     run=$OUT/$row
-    if [ -f "$run/checkpoint/state.json" ] && grep -q "\"step\":$STEPS\b" "$run/checkpoint/state.json"; then
-        echo "== $row: done"; continue
-    fi
-    if [ -f "$run/checkpoint/state.json" ]; then
-        echo "== $row: resuming"
-        "$BIN" train -o "$run" --resume
-    else
-        echo "== $row: from scratch, $STEPS steps"
+    train_row "$row, from scratch" "$run" "$STEPS" \
         "$BIN" train -o "$run" --data "$DATA" --vocab vocab/remi-compact.json --preset small \
-            --config "$cfg" --seq-len 512 --batch 8 --steps "$STEPS" --seed 0 --threads 2
-    fi
+        --config "$cfg" --seq-len 512 --batch 8 --steps "$STEPS" --seed 0 --threads 2
 done

@@ -125,32 +125,26 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     out.push(("spe-conv 1 musical rope local head window 9", c));
     // SineSPE in musical time: shared and gated, and per layer, ungated, with the local
     // heads' RoPE on the token index
-    let mut c = with("spe-sine");
-    c.local_heads = 2;
-    c.local_window = 6;
-    c.local_position = LocalPosition::Rope;
-    c.musical_rope = Some(musical(1, 1));
-    c.musical_spe = true;
+    let in_musical_time = |mut c: ModelConfig, heads: i64, window: i64, pairs: i64| {
+        (c.local_heads, c.local_window) = (heads, window);
+        c.local_position = LocalPosition::Rope;
+        c.musical_rope = Some(musical(pairs, pairs));
+        c.musical_spe = true;
+        c
+    };
     out.push((
         "spe-sine in musical time, 2 musical rope local heads window 6",
-        c,
+        in_musical_time(with("spe-sine"), 2, 6, 1),
     ));
-    let mut c = with("spe-sine");
-    c.positional = PositionalEncoding::SpeSine {
-        sines: 3,
-        realizations: 8,
-        gated: false,
-        shared: false,
-        freq_init: crate::model::config::FreqInit::Spread,
-    };
-    c.local_heads = 1;
-    c.local_window = 4;
-    c.local_position = LocalPosition::Rope;
-    c.musical_rope = Some(musical(0, 0));
-    c.musical_spe = true;
+    let per_layer = out
+        .iter()
+        .find(|(n, _)| *n == "spe-sine ungated per-layer")
+        .expect("made above")
+        .1
+        .clone();
     out.push((
         "spe-sine per layer in musical time, 1 rope local head window 4",
-        c,
+        in_musical_time(per_layer, 1, 4, 0),
     ));
     // the bar embedding: the host step (SineSPE, RoPE local heads) and the libtorch step
     let mut c = with("spe-sine");
@@ -1213,9 +1207,15 @@ fn spe_in_musical_time_reads_each_sequence_clock() {
         "spe-sine in musical time, 2 musical rope local heads window 6",
         "spe-sine per layer in musical time, 1 rope local head window 4",
     ] {
-        let cfg = variant(name);
-        let (vs, mut m) = build(&cfg, 13);
-        m.freeze(7);
+        let mut plain = variant(name);
+        plain.musical_spe = false;
+        // the same weights and noise, with SPE in musical time and on the token index
+        let [(m, vs), (p, mut vs_plain)] = [variant(name), plain].map(|cfg| {
+            let (vs, mut m) = build(&cfg, 13);
+            m.freeze(7);
+            (m, vs)
+        });
+        vs_plain.copy(&vs).unwrap();
         let toks = tokens(3, 36, 6);
         let all = m.forward_t(&toks, 0, false);
         // every row at its own clock: alone, it gives the same logits
@@ -1223,13 +1223,8 @@ fn spe_in_musical_time_reads_each_sequence_clock() {
             let one = m.forward_t(&toks.narrow(0, r, 1), 0, false);
             assert!(rel(&one, &all.narrow(0, r, 1)) < 1e-5, "{name}: row {r}");
         }
-        // the same weights with SPE on the token index give other logits: the FAVOR+
-        // heads' codes stand at the clock's positions
-        let mut plain = cfg.clone();
-        plain.musical_spe = false;
-        let (mut vs_plain, mut p) = build(&plain, 13);
-        vs_plain.copy(&vs).unwrap();
-        p.freeze(7);
+        // on the token index the logits differ: the FAVOR+ heads' codes stand at the
+        // clock's positions
         let other = p.forward_t(&toks, 0, false);
         assert!(rel(&other, &all) > 1e-4, "{name}: {}", rel(&other, &all));
         // nor does the offset of a call move them: the SPE positions come from the clock,
