@@ -5,7 +5,10 @@
 # A finished row is skipped, an interrupted one resumed exactly (--resume).
 # Rows: scratch-base (the shipped recipe), scratch-music (+ musical RoPE) and
 # scratch-music-spe (+ the FAVOR+ heads' SineSPE in musical time), from
-# scripts/form/<row>.toml. Then: OUT=runs/form-scratch bash scripts/form-eval.sh ROW...
+# scripts/form/<row>.toml; ROW-2048 trains the same config on windows of 2 x 2,048
+# tokens (as many per step), longer than the local heads' 512, so that only the
+# FAVOR+ heads reach the far past. Then: OUT=runs/form-scratch bash
+# scripts/form-eval.sh ROW...
 # Usage: bash scripts/form-scratch.sh [ROW ...]   (give it the machine alone)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,10 +21,13 @@ rows=("$@")
 [ ${#rows[@]} -gt 0 ] || rows=(scratch-base scratch-music)
 mkdir -p "$OUT"
 for row in "${rows[@]}"; do
-    cfg=scripts/form/$row.toml
+    case $row in
+        *-2048) cfg=scripts/form/${row%-2048}.toml; shape=(--seq-len 2048 --batch 2) ;;
+        *) cfg=scripts/form/$row.toml; shape=(--seq-len 512 --batch 8) ;;
+    esac
     [ -f "$cfg" ] || { echo "unknown row $row (no $cfg)" >&2; exit 2; }
     run=$OUT/$row
     train_row "$row, from scratch" "$run" "$STEPS" \
         "$BIN" train -o "$run" --data "$DATA" --vocab vocab/remi-compact.json --preset small \
-        --config "$cfg" --seq-len 512 --batch 8 --steps "$STEPS" --seed 0 --threads 2
+        --config "$cfg" "${shape[@]}" --steps "$STEPS" --seed 0 --threads 2
 done

@@ -20,6 +20,9 @@ ROWS = [
     ("scratch-base", "from scratch, shipped recipe, {steps} steps"),
     ("scratch-music", "from scratch, + musical RoPE (8 bar, 8 position pairs), {steps} steps"),
     ("scratch-music-spe", "from scratch, + musical RoPE and SineSPE in musical time, {steps} steps"),
+    ("scratch-base-2048", "from scratch, shipped recipe, 2 x 2,048, {steps} steps"),
+    ("scratch-music-2048", "from scratch, + musical RoPE, 2 x 2,048, {steps} steps"),
+    ("scratch-music-spe-2048", "from scratch, + musical RoPE and SineSPE in musical time, 2 x 2,048, {steps} steps"),
 ]
 
 
