@@ -501,9 +501,7 @@ pub fn spe_filter_libtorch(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>
                 .permute([1, 2, 0, 3])
                 .matmul(code)
                 .permute([2, 1, 0, 3]);
-            // (x sqrt(g)) xi = x (sqrt(g) xi)
-            let t2 = x.permute([0, 2, 1, 3]).matmul(&gf.xi_b);
-            t1 + t2
+            t1 + gate_noise(x, gf)
         }
     }
 }
@@ -520,9 +518,14 @@ pub fn spe_filter_each(x: &Tensor, code: &Tensor, gate: Option<&GateFactors>) ->
     }; // (B, H, L, R)
     match gate {
         None => by_code(x),
-        // (x sqrt(g)) xi = x (sqrt(g) xi), as in spe_filter_libtorch
-        Some(gf) => by_code(&(x * &gf.a)) + x.permute([0, 2, 1, 3]).matmul(&gf.xi_b),
+        Some(gf) => by_code(&(x * &gf.a)) + gate_noise(x, gf),
     }
+}
+
+/// The gated filter's noise term of (B, L, H, D) queries or keys, (B, H, L, R): the same
+/// for every position, as (x sqrt(g)) xi = x (sqrt(g) xi).
+fn gate_noise(x: &Tensor, gf: &GateFactors) -> Tensor {
+    x.permute([0, 2, 1, 3]).matmul(&gf.xi_b)
 }
 
 /// The gated SPE filter of [`spe_filter_with`] as one libtorch autograd function
@@ -929,7 +932,9 @@ mod tests {
         let (qe, ke) = (qe.view([b, l, h, d, r]), ke.view([b, l, h, d, r]));
         // a row of consecutive positions is the window's code
         let (qw, kw) = tch::no_grad(|| spe.codes_from(&f, 100, l));
-        let close = |x: &Tensor, y: &Tensor| rel_err(x, y) < 1e-6;
+        let rel =
+            |x: &Tensor, y: &Tensor| worst_relative(&[x.shallow_clone()], &[y.shallow_clone()]);
+        let close = |x: &Tensor, y: &Tensor| rel(x, y) < 1e-6;
         assert!(close(&qe.get(0), &qw) && close(&ke.get(0), &kw));
         // the host code of a position (a generation step) is the same
         let host = f.host();
@@ -955,15 +960,11 @@ mod tests {
                     spe_filter_libtorch(&x.narrow(0, row, 1), &ke.get(row), gf.as_ref())
                 });
                 assert!(
-                    rel_err(&each.narrow(0, row, 1), &one) < 1e-5,
+                    rel(&each.narrow(0, row, 1), &one) < 1e-5,
                     "row {row} gated {gated}"
                 );
             }
         }
-    }
-
-    fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-30)
     }
 
     #[test]
