@@ -930,24 +930,37 @@ mod tests {
     fn cut_windows_sit_at_their_absolute_offset() {
         // All heads local (window 4, 2 layers: 7 tokens of receptive field) with APE: a
         // cut of 8 sees all the full pass sees, at the same absolute positions, so it
-        // scores alike; at offset 0 the APE codes differ, and so do the scores.
+        // scores alike; at offset 0 the APE codes differ, and so do the scores. Compared
+        // over the whole next-token distribution (every target), not one target's NLL:
+        // one token's score can move by less than the tolerance under an unlucky init
+        // (this happened in CI, where the tiny model's weights are drawn afresh).
         let v = vocab();
+        tch::manual_seed(11);
         let (_vs, m) = model(&v, "ape", 4, 4);
         let w = ids(&v, 30, 3);
         let full = full_nll(&m, &v, &[("a".into(), w.clone())]);
+        let every: Vec<u32> = (1..v.len() as u32).collect();
+        // the NLL of every target after w[p-c..p] at `offset`: (V - 1) scores
+        let dist = |p: usize, c: usize, offset: usize| {
+            let windows: Vec<&[u32]> = vec![&w[p - c..p]; every.len()];
+            crate::eval::last_token_nll(&m, &windows, &every, offset, None)
+        };
         for p in [12usize, 20, 29] {
             let c = 8;
-            let at = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], p - c, None)[0];
+            let at = dist(p, c, p - c);
+            let own = at[w[p] as usize - 1];
             assert!(
-                (at - full[0][p]).abs() < 1e-4,
-                "p {p}: {at} vs {}",
+                (own - full[0][p]).abs() < 1e-4,
+                "p {p}: {own} vs {}",
                 full[0][p]
             );
-            let zero = crate::eval::last_token_nll(&m, &[&w[p - c..p]], &[w[p]], 0, None)[0];
-            assert!(
-                (zero - full[0][p]).abs() > 1e-4,
-                "p {p}: offset 0 scored alike"
-            );
+            let zero = dist(p, c, 0);
+            let moved = at
+                .iter()
+                .zip(&zero)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(moved > 1e-3, "p {p}: offset 0 scored alike ({moved})");
         }
         // batched windows of one offset score as they do alone
         let (a, b) = (ids(&v, 9, 4), ids(&v, 9, 5));
