@@ -14,6 +14,8 @@ import os
 import numpy as np
 
 TYPES = ["Pad", "Bos", "Eos", "Bar", "Position", "Pitch", "Velocity"]
+# stands for cadenza's vocabulary hash (check_context.py writes it into its synthetic dataset)
+SYNTHETIC_VOCAB_HASH = "synthetic-vocab-1"
 
 
 def vocab():
@@ -83,6 +85,7 @@ def main():
         "seq_len": L, "batch": B, "steps": S, "vocab_size": len(token_type), "pad_id": 0,
         "types": TYPES, "token_type": token_type, "pitch_class": pitch_class,
         "val_windows": N, "val_sources": [["folk", "jazz"][i % 2] for i in range(N)],
+        "vocab_hash": SYNTHETIC_VOCAB_HASH,
         "model": {"d_model": 32, "n_layers": 2, "n_heads": 2, "d_ff": 64, "favor_features": 16},
         "train": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 2, "steps": S, "weight_decay": 0.1,
                   "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "grad_clip": 1.0},

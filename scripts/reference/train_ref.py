@@ -3,9 +3,13 @@
 
     train_ref.py --model {gpt,performer} --probe DIR --out FILE.json [--threads 2] [--device cpu]
                  [--epochs E] [--d-model D --layers N --heads H --d-ff F] [--window W]
+                 [--context DATASET --context-cut C[,C] [--context-from P] [--context-stride S]
+                  [--context-min-len N] [--context-max-len N] [--context-max-pieces N]]
 
 Trains one model on the probe's batches (train.bin, step s = rows [s*B, (s+1)*B)),
 then evaluates it on the probe's validation windows and writes a JSON report.
+With --context (gpt only), also the context gain of `cadenza eval --context-cut` on the
+pieces of a dataset made by `cadenza tokenize`, selected as `cadenza eval` selects them.
 The probe format and every metric are described in scripts/reference/README.md.
 """
 
@@ -111,9 +115,23 @@ class GPT(nn.Module):
             nn.init.normal_(blk.proj.weight, std=0.02 / math.sqrt(2 * n_layers))
             nn.init.normal_(blk.fc2.weight, std=0.02 / math.sqrt(2 * n_layers))
 
-    def forward(self, idx):
+    def forward(self, idx, offset=0):
+        """Logits of `idx` [b, t] placed at absolute positions offset..offset+t-1: `offset`
+        an int (every row) or a LongTensor [b] (one offset per row)."""
         t = idx.shape[1]
-        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        rows = self.pos.num_embeddings
+        pos = torch.arange(t, device=idx.device)
+        if isinstance(offset, torch.Tensor):  # (one sync: the cut windows of evaluation only)
+            first, last = (int(offset.min()), int(offset.max()) + t) if offset.numel() else (0, t)
+            pos = offset.to(idx.device).view(-1, 1) + pos  # [b, t]
+        else:
+            first, last = offset, offset + t
+            pos = pos + offset
+        if first < 0:
+            raise ValueError(f"a negative position offset ({first})")
+        if last > rows:
+            raise ValueError(f"positions up to {last - 1}, but the GPT has {rows} position rows")
+        x = self.tok(idx) + self.pos(pos)
         for blk in self.blocks:
             x = blk(x)
         return self.ln_f(x) @ self.tok.weight.t()
@@ -280,6 +298,248 @@ def evaluate(model, meta, val, ctx, device):
 
 
 # ---------------------------------------------------------------------------
+# Context gain (cadenza's `eval --context-cut`, src/train/eval.rs: context_gain)
+
+DEFAULT_CONTEXT_STRIDE = 16  # eval::DEFAULT_CONTEXT_STRIDE
+MAX_CUTS = 16  # eval::MAX_CUTS
+CUT_BATCH = 16  # cut windows per forward (cadenza's eval::CUT_BATCH)
+
+
+def default_context_from(cuts):
+    """Twice the largest cut, at least 1,024 (eval::default_context_from)."""
+    return max(2 * max(cuts, default=0), 1024)
+
+
+def check_context(cuts, from_, stride):
+    """cadenza's eval::check_context: the sorted distinct cuts and the first scored position,
+    or an exit naming what is wrong."""
+    cs = sorted(set(cuts))
+    if len(cs) > MAX_CUTS:
+        sys.exit(f"--context-cut: at most {MAX_CUTS} cuts (got {len(cs)})")
+    bad = [c for c in cs if c < 1]
+    if bad:
+        sys.exit(f"--context-cut {bad[0]}: a cut must be at least 1 token")
+    if from_ is None:
+        from_ = default_context_from(cs)
+    bad = [c for c in cs if c >= from_]
+    if bad:
+        sys.exit(f"--context-cut {bad[0]}: a cut must be below the first scored position "
+                 f"(--context-from {from_}), or it would not cut anything")
+    if stride < 1:
+        sys.exit(f"--context-stride {stride}: must be at least 1")
+    return cs, from_
+
+
+def load_dataset(d, meta):
+    """A dataset folder written by `cadenza tokenize` (cadenza-core's tokenizer/dataset.rs):
+    tokens.bin (u16 LE ids, every piece `BOS tokens EOS`, back to back), pieces.json
+    ([{source, offset, len, notes}], offset and len in tokens), manifest.json (vocab_hash,
+    vocab_size, tokens, ...) and vocab.json (with its hash). Returns [(source, ids)] in
+    file order, after checking the vocabulary against the probe's."""
+    def read_json(name):
+        path = os.path.join(d, name)
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"--context {d}: cannot read {name} ({e}); is it a dataset made by `cadenza tokenize`?")
+
+    manifest, pieces, vocab = read_json("manifest.json"), read_json("pieces.json"), read_json("vocab.json")
+    V = meta["vocab_size"]
+    if vocab.get("hash") != manifest.get("vocab_hash"):
+        sys.exit(f"--context {d}: vocab.json's hash {vocab.get('hash')} differs from the manifest's "
+                 f"{manifest.get('vocab_hash')}")
+    if manifest.get("vocab_size") != V:
+        sys.exit(f"--context {d}: the dataset's vocabulary has {manifest.get('vocab_size')} tokens, the probe's "
+                 f"{V}: not the vocabulary the model was trained on (tokenize with the probe's --vocab)")
+    want = meta.get("vocab_hash")
+    if want is None:
+        print(f"note: the probe's meta.json has no vocab_hash; only the vocabulary sizes ({V}) were compared",
+              flush=True)
+    elif manifest.get("vocab_hash") != want:
+        sys.exit(f"--context {d}: the dataset's vocabulary hash {manifest.get('vocab_hash')} differs from the "
+                 f"probe's {want}: not the vocabulary the model was trained on (tokenize with the probe's --vocab)")
+    tokens = np.fromfile(os.path.join(d, "tokens.bin"), dtype="<u2")
+    if tokens.size != manifest["tokens"]:
+        sys.exit(f"--context {d}: tokens.bin holds {tokens.size} ids, the manifest says {manifest['tokens']}")
+    if tokens.size and int(tokens.max()) >= V:
+        sys.exit(f"--context {d}: tokens.bin has id {int(tokens.max())}, outside the vocabulary of {V} tokens")
+    out = []
+    for p in pieces:
+        o, n = p["offset"], p["len"]
+        if o + n > tokens.size or n < 2:
+            sys.exit(f"--context {d}: piece {p['source']} lies outside tokens.bin")
+        out.append((p["source"], tokens[o:o + n].astype(np.int64)))
+    return out
+
+
+def spread(items, n):
+    """`n` items spread evenly over `items` (indices i*len/n), all when n is 0 or larger
+    (eval::spread)."""
+    if n == 0 or n >= len(items):
+        return list(items)
+    keep = {i * len(items) // n for i in range(n)}
+    return [x for i, x in enumerate(items) if i in keep]
+
+
+def context_windows(pieces, min_len, max_len, max_pieces):
+    """cadenza eval's selection: the pieces of at least max(min_len, 2) ids, spread over
+    max_pieces, each cut to its first max_len + 1 ids (max_len scored positions)."""
+    kept = [(s, ids) for s, ids in pieces if len(ids) >= max(min_len, 2)]
+    kept = spread(kept, max_pieces)
+    return [(s, ids[:max_len + 1]) for s, ids in kept]
+
+
+def source_group(source):
+    """First component of a source path, or "." for a bare name (cadenza's eval::source_group)."""
+    parts = [x for x in source.replace("\\", "/").split("/") if x]
+    return parts[0] if len(parts) >= 2 else "."
+
+
+def scored_len(ids, pad):
+    """The window as cadenza's score_window forwards it: trailing pad ids dropped."""
+    nz = np.nonzero(ids != pad)[0]
+    return int(nz[-1]) + 1 if nz.size else 0
+
+
+def context_jobs(windows, pad, from_, stride):
+    """(window k, position p) in cadenza's order: p = max(from, 1), +stride, ... below the
+    longest window, each window that reaches p and whose token p is scored (not pad)."""
+    longest = max((len(ids) for _, ids in windows), default=0)
+    n = [scored_len(ids, pad) for _, ids in windows]
+    jobs = []
+    for p in range(max(from_, 1), longest, stride):
+        for k, (_, ids) in enumerate(windows):
+            if p < n[k] and ids[p] != pad:
+                jobs.append((k, p))
+    return jobs
+
+
+@torch.no_grad()
+def full_nll(model, ids, pad, device):
+    """NLL of every token p >= 1 given tokens 0..p-1, one forward of the window (NaN where
+    not scored): cadenza's score_window."""
+    out = np.full(len(ids), np.nan)
+    n = scored_len(ids, pad)
+    if n < 2:
+        return out
+    w = torch.as_tensor(ids[:n], device=device)[None]
+    logp = F.log_softmax(model(w[:, :-1]).float(), dim=-1)[0]
+    nll = -logp.gather(-1, w[0, 1:, None]).squeeze(-1).double().cpu().numpy()
+    for p in range(1, n):
+        if ids[p] != pad:
+            out[p] = nll[p - 1]
+    return out
+
+
+@torch.no_grad()
+def cut_nll(model, windows, jobs, c, device, batch=CUT_BATCH):
+    """NLL of token p of window k given only tokens max(0, p-c)..p-1, fed as a fresh window
+    at absolute offset max(0, p-c), for every (k, p) of `jobs`; windows of one length are
+    batched, each row at its own offset."""
+    out = np.empty(len(jobs))
+    by_len = {}
+    for j, (k, p) in enumerate(jobs):
+        by_len.setdefault(min(c, p), []).append(j)
+    for n, js in by_len.items():
+        for lo in range(0, len(js), batch):
+            part = js[lo:lo + batch]
+            starts = [jobs[j][1] - n for j in part]
+            x = np.stack([windows[jobs[j][0]][1][s:s + n] for j, s in zip(part, starts)])
+            y = [int(windows[jobs[j][0]][1][jobs[j][1]]) for j in part]
+            x = torch.as_tensor(x, device=device)
+            off = torch.as_tensor(starts, device=device)
+            logp = F.log_softmax(model(x, off)[:, -1].float(), dim=-1)
+            nll = -logp.gather(-1, torch.as_tensor(y, device=device)[:, None]).squeeze(-1)
+            out[part] = nll.double().cpu().numpy()
+    return out
+
+
+def gain_report(meta, windows, jobs, full, cuts, from_, stride):
+    """The ContextGain of cadenza (src/train/eval.rs) from the per-job NLLs: `full` [jobs],
+    cuts {C: [jobs]}."""
+    types, token_type = meta["types"], meta["token_type"]
+
+    def figures(sel):
+        n = len(sel)
+        d = max(n, 1)
+        return {"positions": n, "full": float(sum(full[j] for j in sel)) / d,
+                "cut": {str(c): float(sum(v[j] for j in sel)) / d for c, v in cuts.items()}}
+
+    groups_t, groups_s = {}, {}
+    for j, (k, p) in enumerate(jobs):
+        groups_t.setdefault(types[token_type[int(windows[k][1][p])]], []).append(j)
+        groups_s.setdefault(source_group(windows[k][0]), []).append(j)
+    allf = figures(range(len(jobs)))
+    return {
+        "from": from_,
+        "stride": stride,
+        "positions": allf["positions"],
+        "pieces": len({k for k, _ in jobs}),
+        "full": allf["full"],
+        "cut": allf["cut"],
+        "ratio": {c: v / allf["full"] for c, v in allf["cut"].items()},  # cut / full, as cadenza
+        "by_type": {t: figures(groups_t[t]) for t in sorted(groups_t)},
+        "by_source": {s: figures(groups_s[s]) for s in sorted(groups_s)},
+    }
+
+
+@torch.no_grad()
+def context_gain(model, meta, windows, cuts, from_, stride, device, batch=CUT_BATCH):
+    """The context gain of `model` over `windows` [(source, ids)]: the full-pass NLL and,
+    for each cut, the NLL with only the last C tokens, at the same positions (see
+    context_jobs). `cuts` need not be below `from_` here (check_context refuses that on the
+    command line; the self-check uses it)."""
+    model.eval()
+    pad = meta["pad_id"]
+    jobs = context_jobs(windows, pad, from_, stride)
+    used = {k for k, _ in jobs}
+    per_window = [full_nll(model, ids, pad, device) if k in used else None for k, (_, ids) in enumerate(windows)]
+    full = np.array([per_window[k][p] for k, p in jobs])
+    cut = {c: cut_nll(model, windows, jobs, c, device, batch) for c in sorted(set(cuts))}
+    return gain_report(meta, windows, jobs, full, cut, from_, stride)
+
+
+def context_setup(args, meta):
+    """Everything --context needs, checked before training: (windows, cuts, from, info)."""
+    if args.context is None:
+        if args.context_cut:
+            sys.exit("--context-cut needs --context DATASET")
+        return None
+    if args.model != "gpt":
+        sys.exit("--context: only --model gpt takes an absolute position offset for the cut windows")
+    if not args.context_cut:
+        sys.exit("--context needs --context-cut C[,C...]")
+    cuts, from_ = check_context(args.context_cut, args.context_from, args.context_stride)
+    L = meta["seq_len"]
+    max_len = args.context_max_len if args.context_max_len is not None else 2 * L
+    if max_len <= 0:
+        sys.exit("--context-max-len must be positive")
+    if from_ >= max_len:
+        sys.exit(f"--context-from {from_}: no position to score below --context-max-len {max_len} "
+                 "(raise --context-max-len or lower the cut)")
+    pieces = load_dataset(args.context, meta)
+    windows = context_windows(pieces, args.context_min_len, max_len, args.context_max_pieces)
+    if not windows:
+        sys.exit(f"--context {args.context}: no pieces of at least {max(args.context_min_len, 2)} tokens")
+    jobs = context_jobs(windows, meta["pad_id"], from_, args.context_stride)
+    if not jobs:
+        sys.exit(f"--context {args.context}: no piece reaches position {from_} (--context-from) within "
+                 f"--context-max-len {max_len}")
+    # the full pass forwards a window's first len-1 ids at positions 0..len-2
+    need = max(scored_len(ids, meta["pad_id"]) for _, ids in windows) - 1
+    if need > L:
+        sys.exit(f"--context: the windows need {need} position rows (--context-max-len {max_len}), but the GPT "
+                 f"has the probe's seq_len = {L} learned position rows; pass --context-max-len {L} or less "
+                 f"(or export the probe with a longer --seq-len)")
+    info = {"dataset": args.context, "min_len": args.context_min_len, "max_len": max_len,
+            "max_pieces": args.context_max_pieces, "windows": [[s, len(ids)] for s, ids in windows]}
+    print(f"context gain: {len(windows)} windows of {args.context}, {len(jobs)} positions from {from_} "
+          f"every {args.context_stride}, cuts {cuts}", flush=True)
+    return windows, cuts, from_, info
+
+
+# ---------------------------------------------------------------------------
 
 
 def main():
@@ -294,6 +554,19 @@ def main():
     for name in ("d-model", "layers", "heads", "d-ff"):
         ap.add_argument(f"--{name}", type=int, help="another shape than the probe's")
     ap.add_argument("--window", type=int, help="gpt: softmax over the last W tokens only")
+    ap.add_argument("--context", metavar="DATASET",
+                    help="gpt: also the context gain (cadenza eval --context-cut) on this dataset's pieces")
+    ap.add_argument("--context-cut", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                    metavar="C[,C]", help="cuts C (each >= 1 and below --context-from)")
+    ap.add_argument("--context-from", type=int,
+                    help="first scored position (default: twice the largest cut, at least 1024)")
+    ap.add_argument("--context-stride", type=int, default=DEFAULT_CONTEXT_STRIDE,
+                    help=f"score every S-th position (default {DEFAULT_CONTEXT_STRIDE})")
+    ap.add_argument("--context-min-len", type=int, default=0, help="only pieces at least this long (default 0)")
+    ap.add_argument("--context-max-len", type=int,
+                    help="positions to score per piece (default: twice the probe's seq_len)")
+    ap.add_argument("--context-max-pieces", type=int, default=0,
+                    help="at most this many pieces, spread evenly (0 = all, the default)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -301,6 +574,7 @@ def main():
     device = torch.device(args.device)
 
     meta, train, val, ctx = load_probe(args.probe)
+    context = context_setup(args, meta)  # checked before any training
     tc = meta["train"]
     L, B, S, pad = meta["seq_len"], meta["batch"], meta["steps"], meta["pad_id"]
     if tc["steps"] != S:
@@ -356,6 +630,15 @@ def main():
 
     tokens_per_s = S * B * L / train_seconds if train_seconds > 0 else None
     ev = evaluate(model, meta, val, ctx, device)
+    gain = None
+    if context is not None:
+        windows, cuts, from_, context_info = context
+        t0 = time.perf_counter()
+        gain = context_gain(model, meta, windows, cuts, from_, args.context_stride, device)
+        context_info["seconds"] = time.perf_counter() - t0
+        print("context gain: full {:.4f}, ".format(gain["full"])
+              + ", ".join(f"last {c}: {v:.4f} (ratio {gain['ratio'][c]:.4f})" for c, v in gain["cut"].items())
+              + f" over {gain['positions']} positions of {gain['pieces']} pieces", flush=True)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     report = {
         "model": args.model,
@@ -381,6 +664,9 @@ def main():
         "final_train_loss": loss_v,
         "decayed_params": decay_names,
     }
+    if gain is not None:
+        report["context_gain"] = gain
+        report["context_data"] = context_info
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
