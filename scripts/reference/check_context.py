@@ -14,6 +14,11 @@
 * a GPT with --window W (2 layers) sees n_layers*(W-1)+1 tokens: a cut of that many (or
   more) gives the full-pass NLL, one token fewer does not; the cut windows' absolute offset
   matters (offset 0 gives other NLLs);
+* --context-heldout: the port of cadenza's data::is_validation (FNV-1a 64, seeded, top 53
+  bits, `<=`) against hashes worked out by hand from src/train/data.rs (and the published
+  FNV-1a 64 vectors at seed 0), the special cases of data::split (a single piece, no piece
+  or every piece held out, fraction 0), and, when runs/corpus-data-remi-compact is here, the
+  known split of the models' dataset (seed 0, 0.05: 19 held-out pieces of >= 2,048 tokens);
 * the refusals (another vocabulary, windows longer than the position rows, a cut not below
   --context-from, a zero stride, --model performer), and one end-to-end run of
   train_ref.py --context whose report keys are those of cadenza's ContextGain.
@@ -167,6 +172,96 @@ def rust_fields(struct):
     return m and re.findall(r"pub (\w+):", m.group(1))
 
 
+# FNV-1a 64 of cadenza's is_validation, worked out by hand (numpy uint64 arithmetic, the prime
+# as 2^40 + 0x1b3, offset basis xor seed * 0x9e3779b97f4a7c15 wrapped to 64 bits), with the
+# top 53 bits (h >> 11). At seed 0 this is plain FNV-1a 64: "" is the offset basis, "a" and
+# "foobar" the published test vectors 0xaf63dc4c8601ec8c and 0x85944171f73967e8.
+FNV_CASES = [  # (source, seed, h)
+    ("", 0, 0xCBF29CE484222325),
+    ("a", 0, 0xAF63DC4C8601EC8C),
+    ("foobar", 0, 0x85944171F73967E8),
+    ("ab", 3, 0xF3DE46D65D1BBA39),
+    ("folk/x7.mid", 1, 0x21D7BF6EE2D69EE6),
+    ("a", (1 << 64) - 1, 0xD85BF04DCDA6095D),  # seed * constant wraps
+    ("jazz/\u00e9.mid", 0, 0xCDC81600D77D3E35),  # UTF-8 bytes c3 a9
+    ("classical/palestrina/Agnus_II_51_krn.mid", 0, 0xAF52F302B6622729),  # 0.6849: training
+    ("classical/palestrina/Gloria_09_krn.mid", 0, 0x03FD53E30508D26B),  # 0.0156: held out at 0.05
+    ("classical/palestrina/Gloria_09_krn.mid", 1, 0xBF2377CB87ED09BE),  # 0.7466 at seed 1
+    ("classical/trecento/PMFC_04-Si dolce non sono_xml.mid", 0, 0x04FBA0569FE58AF7),  # 0.0195
+]
+
+
+def check_heldout():
+    """tr.is_validation / tr.heldout_pieces / tr.parse_heldout against hand-worked values."""
+    below = lambda x: float(np.nextafter(x, 0.0))  # noqa: E731
+    discriminating = 0
+    for src, seed, h in FNV_CASES:
+        u = (h >> 11) / float(1 << 53)  # exact: < 2^53 over a power of two
+        # `<=`: held out at exactly u, not one ulp below; this pins all 53 top bits of h
+        assert tr.is_validation(src, seed, u), f"{src!r} seed {seed}: not held out at its own value {u!r}"
+        assert not tr.is_validation(src, seed, below(u)), f"{src!r} seed {seed}: held out below {u!r}"
+        # h / 2^64 in float rounds instead of truncating (>> 11) and would fail the first assert here
+        discriminating += float(h) / 2.0 ** 64 > u
+    assert discriminating >= 5, discriminating
+    assert tr.is_validation("classical/palestrina/Gloria_09_krn.mid", 0, 0.05)
+    assert not tr.is_validation("classical/palestrina/Gloria_09_krn.mid", 1, 0.05)
+    assert not tr.is_validation("classical/palestrina/Agnus_II_51_krn.mid", 0, 0.05)
+    # data.rs's test: 2,000 names, seed 3, 0.1 -> 150..250 (by hand: 196)
+    n = sum(tr.is_validation(f"folk/x{i}.mid", 3, 0.1) for i in range(2000))
+    assert n == 196, n
+    print(f"is_validation: {len(FNV_CASES)} hand-worked FNV-1a hashes (seeds 0, 1, 3, 2^64-1; UTF-8) "
+          f"pinned by the `<=` boundary ({discriminating} would fail with h / 2^64); folk/x0..1999 "
+          f"seed 3, 0.1: {n} held out")
+
+    # data::split's validation set
+    P = [(f"g/p{i}.mid", [1, 2]) for i in range(40)]
+    for seed, f in ((0, 0.3), (5, 0.05)):
+        want = [p for p in P if tr.is_validation(p[0], seed, f)]
+        assert 0 < len(want) < len(P), (seed, f, len(want))
+        assert tr.heldout_pieces(P, seed, f) == want  # dataset order, nothing else
+    hit = next(p for p in P if tr.is_validation(p[0], 0, 0.3))
+    miss = next(p for p in P if not tr.is_validation(p[0], 0, 0.3))
+    assert tr.heldout_pieces([hit], 0, 0.3) == [hit]  # single piece, held out: trains and validates on it
+    assert tr.heldout_pieces([miss], 0, 0.3) == [miss]  # single piece, not held out: the same
+    assert tr.heldout_pieces([miss, hit, miss], 0, 0.3) == [hit]
+    no_val = [p for p in P if not tr.is_validation(p[0], 0, 0.3)]
+    assert tr.heldout_pieces(no_val, 0, 0.3) == [no_val[-1]]  # none held out: the last piece
+    assert tr.heldout_pieces(P, 0, 0.0) == [P[-1]]  # fraction 0: nothing held out, the last piece
+    assert tr.heldout_pieces(P, 0, 1.0) == P[:-1]  # all held out: the last goes back to training
+    assert tr.heldout_pieces([], 0, 0.3) == []
+    assert tr.parse_heldout("0,0.05") == (0, 0.05) and tr.parse_heldout("7,0") == (7, 0.0)
+    assert tr.parse_heldout(f"{(1 << 64) - 1},0.1")[0] == (1 << 64) - 1
+    for bad in ("0", "0,0.05,1", "x,0.05", "0,0.9", "0,-0.1", "0,nan", "-1,0.05", f"{1 << 64},0.05"):
+        try:
+            tr.parse_heldout(bad)
+        except argparse.ArgumentTypeError:
+            continue
+        raise AssertionError(f"--context-heldout {bad}: not refused")
+    print("heldout_pieces: data::split's validation set (dataset order; one piece; none or all held out; "
+          "fraction 0); --context-heldout refuses bad SEED,FRACTION")
+
+    # the models' dataset, when it is here (pieces.json only)
+    real = os.path.join(HERE, "..", "..", "runs", "corpus-data-remi-compact", "pieces.json")
+    if not os.path.exists(real):
+        print(f"(no {os.path.normpath(real)}: the known split of the models' dataset is not checked)")
+        return
+    with open(real) as fh:
+        index = [(p["source"], range(p["len"])) for p in json.load(fh)]
+    val = tr.heldout_pieces(index, 0, 0.05)
+    long = [s for s, ids in val if len(ids) >= 2048]
+    by = {}
+    for s in long:
+        g = "/".join(s.split("/")[:2])
+        by[g] = by.get(g, 0) + 1
+    want = {"classical/palestrina": 9, "classical/trecento": 6, "folk/oneills1850": 2,
+            "classical/beethoven": 1, "classical/monteverdi": 1}
+    assert by == want and len(long) == 19, by
+    assert "classical/palestrina/Agnus_II_51_krn.mid" not in {s for s, _ in val}
+    assert any(s == "classical/palestrina/Agnus_II_51_krn.mid" for s, _ in index)
+    print(f"runs/corpus-data-remi-compact, seed 0, 0.05: {len(val)} of {len(index)} pieces held out, "
+          f"{len(long)} of >= 2,048 tokens {by}; Agnus_II_51 is a training piece")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workdir", nargs="?")
@@ -197,6 +292,8 @@ def main():
     assert len(all_windows) == len(pieces) and all(len(w) <= max_len + 1 for _, w in all_windows)
     print(f"selection: {len(windows)} of {len(kept)} pieces >= {min_len} ids "
           f"({[s for s, _ in windows]}), matches eval.rs's rule")
+
+    check_heldout()
 
     # -- batched against naive ----------------------------------------------------------
     from_, stride, cuts = 20, 3, [5, 12]
@@ -251,11 +348,23 @@ def main():
     # -- refusals ------------------------------------------------------------------------
     def setup(**kw):
         base = dict(model="gpt", context=data, context_cut=[8], context_from=32, context_stride=4,
-                    context_min_len=0, context_max_len=SEQ_LEN, context_max_pieces=0)
+                    context_min_len=0, context_max_len=SEQ_LEN, context_max_pieces=0, context_heldout=None)
         base.update(kw)
         return tr.context_setup(argparse.Namespace(**base), meta)
 
     assert setup() is not None
+    assert setup()[3]["heldout"] is None
+    # --context-heldout: the held-out pieces, then the same selection
+    ws, _, _, info = setup(context_heldout=(0, 0.3), context_min_len=20)
+    held = tr.heldout_pieces(got, 0, 0.3)
+    assert 0 < len(held) < len(got)
+    want = tr.context_windows(held, 20, SEQ_LEN, 0)
+    assert [(s, list(ids)) for s, ids in ws] == [(s, list(ids)) for s, ids in want]
+    assert info["heldout"] == {"seed": 0, "fraction": 0.3, "pieces": len(held), "of": len(got)}, info["heldout"]
+    print(f"context_setup --context-heldout 0,0.3: {len(held)} of {len(got)} pieces held out, "
+          f"{len(ws)} windows of >= 20 ids; context_data.heldout = {info['heldout']}")
+    expect_exit(lambda: setup(context=None, context_cut=[], context_heldout=(0, 0.05)), ["--context DATASET"],
+                "--context-heldout without --context")
     other = os.path.join(work, "data-other")
     write_dataset(other, pieces, "another-hash", meta["vocab_size"])
     expect_exit(lambda: setup(context=other), ["vocabulary hash", "another-hash"], "another vocabulary")

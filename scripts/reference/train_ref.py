@@ -4,6 +4,7 @@
     train_ref.py --model {gpt,performer} --probe DIR --out FILE.json [--threads 2] [--device cpu]
                  [--epochs E] [--d-model D --layers N --heads H --d-ff F] [--window W]
                  [--context DATASET --context-cut C[,C] [--context-from P] [--context-stride S]
+                  [--context-heldout SEED,FRACTION]
                   [--context-min-len N] [--context-max-len N] [--context-max-pieces N]]
 
 Trains one model on the probe's batches (train.bin, step s = rows [s*B, (s+1)*B)),
@@ -382,6 +383,49 @@ def spread(items, n):
     return [x for i, x in enumerate(items) if i in keep]
 
 
+U64 = (1 << 64) - 1
+
+
+def is_validation(source, seed, fraction):
+    """cadenza's data::is_validation (src/train/data.rs): FNV-1a 64 over the UTF-8 bytes of the
+    source name, its offset basis xor-ed with seed * 0x9e3779b97f4a7c15 (wrapping u64), then the
+    top 53 bits as a fraction of 2^53, held out when that is <= `fraction`."""
+    h = 0xCBF29CE484222325 ^ ((seed * 0x9E3779B97F4A7C15) & U64)
+    for b in source.encode("utf-8"):
+        h = ((h ^ b) * 0x100000001B3) & U64
+    return (h >> 11) / float(1 << 53) <= fraction
+
+
+def heldout_pieces(pieces, seed, fraction):
+    """The validation pieces of cadenza's data::split(ds, seed, fraction) (`cadenza eval` with
+    no --data scores them), in dataset order: the pieces is_validation puts there (none when
+    fraction is 0); when that takes every piece, the last goes back to training; when it takes
+    none, the last piece is validated on (with a single piece: that piece)."""
+    val, train = [], []
+    for p in pieces:
+        (val if fraction > 0.0 and is_validation(p[0], seed, fraction) else train).append(p)
+    if not train and val:
+        train.append(val.pop())
+    if not val and train:
+        val.append(train[-1])
+    return val
+
+
+def parse_heldout(v):
+    """--context-heldout SEED,FRACTION: the run's train.seed (u64) and train.val_fraction
+    (in [0, 0.9), cadenza's config::check_val_fraction)."""
+    try:
+        seed, fraction = v.split(",")
+        seed, fraction = int(seed), float(fraction)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r}: expected SEED,FRACTION (e.g. 0,0.05)")
+    if not 0 <= seed <= U64:
+        raise argparse.ArgumentTypeError(f"seed {seed}: must be in [0, 2^64)")
+    if not 0.0 <= fraction < 0.9:  # NaN refused too
+        raise argparse.ArgumentTypeError(f"val_fraction must be a number in [0, 0.9) (got {fraction})")
+    return seed, fraction
+
+
 def context_windows(pieces, min_len, max_len, max_pieces):
     """cadenza eval's selection: the pieces of at least max(min_len, 2) ids, spread over
     max_pieces, each cut to its first max_len + 1 ids (max_len scored positions)."""
@@ -505,6 +549,8 @@ def context_setup(args, meta):
     if args.context is None:
         if args.context_cut:
             sys.exit("--context-cut needs --context DATASET")
+        if args.context_heldout is not None:
+            sys.exit("--context-heldout needs --context DATASET")
         return None
     if args.model != "gpt":
         sys.exit("--context: only --model gpt takes an absolute position offset for the cut windows")
@@ -519,9 +565,18 @@ def context_setup(args, meta):
         sys.exit(f"--context-from {from_}: no position to score below --context-max-len {max_len} "
                  "(raise --context-max-len or lower the cut)")
     pieces = load_dataset(args.context, meta)
+    heldout = None
+    if args.context_heldout is not None:
+        seed, fraction = args.context_heldout
+        total = len(pieces)
+        pieces = heldout_pieces(pieces, seed, fraction)
+        heldout = {"seed": seed, "fraction": fraction, "pieces": len(pieces), "of": total}
+        print(f"context gain: --context-heldout {seed},{fraction}: kept the {len(pieces)} of {total} pieces "
+              f"of {args.context} in its validation split", flush=True)
     windows = context_windows(pieces, args.context_min_len, max_len, args.context_max_pieces)
     if not windows:
-        sys.exit(f"--context {args.context}: no pieces of at least {max(args.context_min_len, 2)} tokens")
+        held = " held-out" if heldout is not None else ""
+        sys.exit(f"--context {args.context}: no{held} pieces of at least {max(args.context_min_len, 2)} tokens")
     jobs = context_jobs(windows, meta["pad_id"], from_, args.context_stride)
     if not jobs:
         sys.exit(f"--context {args.context}: no piece reaches position {from_} (--context-from) within "
@@ -532,7 +587,7 @@ def context_setup(args, meta):
         sys.exit(f"--context: the windows need {need} position rows (--context-max-len {max_len}), but the GPT "
                  f"has the probe's seq_len = {L} learned position rows; pass --context-max-len {L} or less "
                  f"(or export the probe with a longer --seq-len)")
-    info = {"dataset": args.context, "min_len": args.context_min_len, "max_len": max_len,
+    info = {"dataset": args.context, "heldout": heldout, "min_len": args.context_min_len, "max_len": max_len,
             "max_pieces": args.context_max_pieces, "windows": [[s, len(ids)] for s, ids in windows]}
     print(f"context gain: {len(windows)} windows of {args.context}, {len(jobs)} positions from {from_} "
           f"every {args.context_stride}, cuts {cuts}", flush=True)
@@ -562,6 +617,9 @@ def main():
                     help="first scored position (default: twice the largest cut, at least 1024)")
     ap.add_argument("--context-stride", type=int, default=DEFAULT_CONTEXT_STRIDE,
                     help=f"score every S-th position (default {DEFAULT_CONTEXT_STRIDE})")
+    ap.add_argument("--context-heldout", type=parse_heldout, metavar="SEED,FRACTION",
+                    help="only the pieces of --context's validation split for this train.seed and "
+                         "train.val_fraction (cadenza eval without --data), before the other selection")
     ap.add_argument("--context-min-len", type=int, default=0, help="only pieces at least this long (default 0)")
     ap.add_argument("--context-max-len", type=int,
                     help="positions to score per piece (default: twice the probe's seq_len)")
