@@ -14,15 +14,8 @@ import json
 import os
 import sys
 
-MASK = (1 << 64) - 1
-
-
-def is_validation(source: str, seed: int, fraction: float) -> bool:
-    h = 0xCBF29CE484222325 ^ ((seed * 0x9E3779B97F4A7C15) & MASK)
-    for b in source.encode():
-        h ^= b
-        h = (h * 0x00000100000001B3) & MASK
-    return (h >> 11) / float(1 << 53) <= fraction
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from cadenza_split import is_validation  # noqa: E402  (the held-out split, shared)
 
 
 def main() -> int:

@@ -27,6 +27,9 @@ try:
     import numpy as np
 except ImportError:  # bench_sdpa.py uses the model alone (the GPU check has torch only)
     np = None
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from cadenza_split import U64, is_validation  # noqa: E402  (the held-out split, shared)
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -381,19 +384,6 @@ def spread(items, n):
         return list(items)
     keep = {i * len(items) // n for i in range(n)}
     return [x for i, x in enumerate(items) if i in keep]
-
-
-U64 = (1 << 64) - 1
-
-
-def is_validation(source, seed, fraction):
-    """cadenza's data::is_validation (src/train/data.rs): FNV-1a 64 over the UTF-8 bytes of the
-    source name, its offset basis xor-ed with seed * 0x9e3779b97f4a7c15 (wrapping u64), then the
-    top 53 bits as a fraction of 2^53, held out when that is <= `fraction`."""
-    h = 0xCBF29CE484222325 ^ ((seed * 0x9E3779B97F4A7C15) & U64)
-    for b in source.encode("utf-8"):
-        h = ((h ^ b) * 0x100000001B3) & U64
-    return (h >> 11) / float(1 << 53) <= fraction
 
 
 def heldout_pieces(pieces, seed, fraction):
