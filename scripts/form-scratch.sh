@@ -4,7 +4,8 @@
 # the same batches for every row (they depend on (seed, step) and the window only).
 # A finished row is skipped, an interrupted one resumed exactly (--resume).
 # Rows: scratch-base (the shipped recipe), scratch-music (+ musical RoPE) and
-# scratch-music-spe (+ the FAVOR+ heads' SineSPE in musical time), from
+# scratch-music-spe (+ the FAVOR+ heads' SineSPE in musical time), scratch-music-spe48
+# (the same, every bar 48 steps on the SPE clock), from
 # scripts/form/<row>.toml; ROW-2048 trains the same config on windows of 2 x 2,048
 # tokens (as many per step), longer than the local heads' 512, so that only the
 # FAVOR+ heads reach the far past. Then: OUT=runs/form-scratch bash

@@ -23,6 +23,8 @@ ROWS = [
     ("scratch-base-2048", "from scratch, shipped recipe, 2 x 2,048, {steps} steps"),
     ("scratch-music-2048", "from scratch, + musical RoPE, 2 x 2,048, {steps} steps"),
     ("scratch-music-spe-2048", "from scratch, + musical RoPE and SineSPE in musical time, 2 x 2,048, {steps} steps"),
+    ("scratch-music-spe48", "from scratch, + musical RoPE and SineSPE in musical time on a 48-step bar, {steps} steps"),
+    ("scratch-music-spe48-2048", "from scratch, + musical RoPE and SineSPE in musical time on a 48-step bar, 2 x 2,048, {steps} steps"),
 ]
 
 

@@ -45,10 +45,13 @@ impl ClockState {
 
     /// The place on the clock as one number, for SPE in musical time
     /// ([`crate::model::config::ModelConfig::musical_spe`]): grid steps since the clock
-    /// started, every bar counted as `m.positions` steps (the longest bar the grid spells),
-    /// so it never falls within a sequence and a later bar is always further on.
-    pub fn musical_position(&self, m: &MusicalRope) -> i64 {
-        self.bar * m.positions + self.position
+    /// started, every bar counted as `bar_steps` steps
+    /// ([`crate::model::config::ModelConfig::spe_bar_steps`]). With the longest bar the
+    /// grid spells it never falls within a sequence; with a shorter one, a longer bar's
+    /// last steps reach past the next bar line, and only equal (bar lag, position lag)
+    /// pairs are sure to give equal positions lags.
+    pub fn musical_position(&self, bar_steps: i64) -> i64 {
+        self.bar * bar_steps + self.position
     }
 }
 
@@ -162,10 +165,31 @@ mod tests {
         let mut clock = ClockState::default();
         let at: Vec<i64> = coordinates(&ids, &mut clock, &m)
             .iter()
-            .map(|c| c.musical_position(&m))
+            .map(|c| c.musical_position(m.positions))
             .collect();
         assert_eq!(at, [48, 95, 95, 96, 96, 99, 144, 149]);
         assert!(at.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn a_shorter_spe_bar_keeps_every_lag_of_equal_bar_and_position_lags() {
+        let m = rope();
+        // two 4-bar strains with the same positions, the second 3 bars after the first
+        let strain = [3, 10, 70, 22, 71, 3, 16, 72, 3, 10, 3, 34, 57];
+        let mut ids = strain.to_vec();
+        ids.extend([3, 3, 3]);
+        ids.extend(strain);
+        let c = coordinates(&ids, &mut ClockState::default(), &m);
+        let n = strain.len();
+        for span in [12, 48, m.positions] {
+            let at: Vec<i64> = c.iter().map(|c| c.musical_position(span)).collect();
+            let lags: Vec<i64> = (0..n).map(|i| at[n + 3 + i] - at[i]).collect();
+            // every token of the second strain is 7 bars on from its twin
+            assert!(lags.iter().all(|&l| l == 7 * span), "{span}: {lags:?}");
+        }
+        // a 12-step bar: Position_47 of bar 4 lands past the line of bar 5
+        let at: Vec<i64> = c.iter().map(|c| c.musical_position(12)).collect();
+        assert_eq!((at[n - 1], at[n]), (4 * 12 + 47, 5 * 12));
     }
 
     #[test]

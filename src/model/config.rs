@@ -28,6 +28,8 @@ pub mod bounds {
     pub const MAX_CHUNK: i64 = 65_536;
     /// Largest `bar_embedding` (bars a piece's embedding tells apart).
     pub const MAX_BAR_EMBEDDING: i64 = 4096;
+    /// Largest `musical_spe_bar` (grid steps a bar counts on SineSPE's musical clock).
+    pub const MAX_MUSICAL_SPE_BAR: i64 = 65_536;
     /// Largest `positional.sines`.
     pub const MAX_SINES: i64 = 1024;
     /// Largest `positional.realizations`.
@@ -366,6 +368,20 @@ pub struct ModelConfig {
     /// (the configs written before it): the token index.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub musical_spe: bool,
+    /// Grid steps one bar counts on SineSPE's musical clock (`musical_spe`, which it needs):
+    /// a token's SPE position is `bar * musical_spe_bar + position`. None (the configs
+    /// written before it): `musical_rope.positions`, the longest bar the grid spells (288
+    /// steps in the compact vocabulary), so positions never fall but a bar spans six 4/4
+    /// bars of clock and the spread init's longest period (2,048 steps) is 7 bars. 48 (a
+    /// 4/4 bar of the 12-per-beat grid) puts those periods between a 16th note and 42 bars;
+    /// a longer bar then reaches into the next bar's steps, which SineSPE allows (its
+    /// kernel needs lags, not order; the causal order is the tokens').
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "opt_int"
+    )]
+    pub musical_spe_bar: Option<i64>,
 }
 
 /// Musical time in the RoPE of the local heads (`local_position = "rope"`): of the
@@ -516,6 +532,7 @@ impl ModelConfig {
             musical_rope: None,
             bar_embedding: None,
             musical_spe: false,
+            musical_spe_bar: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -703,6 +720,12 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Grid steps one bar counts on SineSPE's musical clock: `musical_spe_bar`, or the
+    /// longest bar the grid of `m` spells.
+    pub fn spe_bar_steps(&self, m: &MusicalRope) -> i64 {
+        self.musical_spe_bar.unwrap_or(m.positions)
+    }
+
     /// An upper estimate of the values a model of this config holds:
     /// parameters plus fixed buffers (FAVOR+ random features, SPE noise),
     /// from arithmetic alone (u128, so it never overflows for i64 fields).
@@ -766,6 +789,12 @@ impl ModelConfig {
         within("local_window", self.local_window, 0, MAX_LOCAL_WINDOW)?;
         if let Some(n) = self.bar_embedding {
             within("bar_embedding", n, 1, MAX_BAR_EMBEDDING)?;
+        }
+        if let Some(n) = self.musical_spe_bar {
+            within("musical_spe_bar", n, 1, MAX_MUSICAL_SPE_BAR)?;
+            if !self.musical_spe {
+                bail!("model config: musical_spe_bar is the bar of SineSPE's musical clock; it needs musical_spe = true");
+            }
         }
         if self.d_model % self.n_heads != 0 {
             bail!(
@@ -931,7 +960,24 @@ mod tests {
             .is_none());
         let v = serde_json::to_value(&c).unwrap();
         assert_eq!(v["musical_spe"], serde_json::json!(true));
+        assert!(v.get("musical_spe_bar").is_none());
         assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), c);
+        // the bar of the SPE clock: the grid's longest unless set, only with musical_spe
+        let m = c.musical_rope.unwrap();
+        assert_eq!(c.spe_bar_steps(&m), 20);
+        c.musical_spe_bar = Some(12);
+        c.validate().unwrap();
+        assert_eq!(c.spe_bar_steps(&m), 12);
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["musical_spe_bar"], serde_json::json!(12));
+        assert_eq!(serde_json::from_value::<ModelConfig>(v).unwrap(), c);
+        c.musical_spe_bar = Some(0);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("musical_spe_bar"), "{e}");
+        c.musical_spe_bar = Some(12);
+        c.musical_spe = false;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("needs musical_spe"), "{e}");
     }
 
     #[test]

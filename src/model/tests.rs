@@ -146,6 +146,13 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
         "spe-sine per layer in musical time, 1 rope local head window 4",
         in_musical_time(per_layer, 1, 4, 0),
     ));
+    // the SPE clock on a bar shorter than the grid's longest (positions 20)
+    let mut c = in_musical_time(with("spe-sine"), 2, 6, 1);
+    c.musical_spe_bar = Some(7);
+    out.push((
+        "spe-sine in musical time on a 7-step bar, 2 musical rope local heads window 6",
+        c,
+    ));
     // the bar embedding: the host step (SineSPE, RoPE local heads) and the libtorch step
     let mut c = with("spe-sine");
     c.local_heads = 2;
@@ -1206,8 +1213,10 @@ fn spe_in_musical_time_reads_each_sequence_clock() {
     for name in [
         "spe-sine in musical time, 2 musical rope local heads window 6",
         "spe-sine per layer in musical time, 1 rope local head window 4",
+        "spe-sine in musical time on a 7-step bar, 2 musical rope local heads window 6",
     ] {
         let mut plain = variant(name);
+        plain.musical_spe_bar = None;
         plain.musical_spe = false;
         // the same weights and noise, with SPE in musical time and on the token index
         let [(m, vs), (p, mut vs_plain)] = [variant(name), plain].map(|cfg| {
@@ -1235,6 +1244,19 @@ fn spe_in_musical_time_reads_each_sequence_clock() {
         let plain_later = p.forward_t(&toks, 500, false);
         assert!(rel(&plain_later, &other) > 1e-4, "{name}");
     }
+    // the bar the SPE clock counts changes the lags, so the logits
+    let name = "spe-sine in musical time, 2 musical rope local heads window 6";
+    let mut short = variant(name);
+    short.musical_spe_bar = Some(7);
+    let [(a, vs), (b, mut vs_short)] = [variant(name), short].map(|cfg| {
+        let (vs, mut m) = build(&cfg, 13);
+        m.freeze(7);
+        (m, vs)
+    });
+    vs_short.copy(&vs).unwrap();
+    let toks = tokens(3, 36, 6);
+    let d = rel(&a.forward_t(&toks, 0, false), &b.forward_t(&toks, 0, false));
+    assert!(d > 1e-4, "{d}");
 }
 
 #[test]

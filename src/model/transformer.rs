@@ -684,7 +684,8 @@ impl Transformer {
         });
         let spe_at: Vec<i64> = match &pos.musical {
             Some((m, coords)) if cfg.musical_spe => {
-                coords.iter().map(|c| c[0].musical_position(m)).collect()
+                let span = cfg.spe_bar_steps(m);
+                coords.iter().map(|c| c[0].musical_position(span)).collect()
             }
             _ => vec![offset],
         };
@@ -805,10 +806,11 @@ impl Transformer {
                 .as_ref()
                 .expect("musical_spe is validated to come with musical_rope");
             let rows = clock.expect("a model with musical_spe reads the clock of every call");
+            let span = self.cfg.spe_bar_steps(m);
             let at: Vec<f64> = rows
                 .iter()
                 .flatten()
-                .map(|c| c.musical_position(m) as f64)
+                .map(|c| c.musical_position(span) as f64)
                 .collect();
             let at = Tensor::from_slice(&at).to_device(self.device);
             let (qbar, kbar) = s.codes_at(&factors, &at); // (B L, H', D, R)
