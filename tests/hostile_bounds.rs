@@ -295,6 +295,19 @@ fn flags_past_their_bounds_are_refused_naming_the_flag() {
             s(&m),
             "-o",
             s(&out),
+            "--threads",
+            "100000",
+        ],
+        10.0,
+    );
+    refused(&r, &["--threads 100000"]);
+    let r = cadenza(
+        &[
+            "generate",
+            "--model",
+            s(&m),
+            "-o",
+            s(&out),
             "--min-tokens",
             "100",
             "--tokens",

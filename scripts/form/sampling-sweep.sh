@@ -38,6 +38,6 @@ for pair in ${UNPROMPTED:-}; do
     rm -rf "$gen"
     mkdir -p "$gen"
     "$BIN" generate --model "$model" --tokens 3072 --num-samples 8 --seed 7 \
-        --temperature "$t" --top-p "$p" --device cpu -o "$gen/sample.mid" > /dev/null
+        --temperature "$t" --top-p "$p" "${common[@]}" -o "$gen/sample.mid" > /dev/null
     "$BIN" stats "$gen" --real "$folk" --min-real-bars 24 --json "$json" > /dev/null
 done

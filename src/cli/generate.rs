@@ -100,6 +100,10 @@ pub struct GenerateArgs {
     /// Device to run the model on: auto (CUDA when available), cpu, cuda or cuda:N.
     #[arg(long)]
     pub device: Option<super::DeviceArg>,
+    /// CPU threads for libtorch (default: all cores). Reading the prompt uses them all;
+    /// the steps of up to 8 pieces run on one.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     /// Precision of the dense products: auto (bf16 on CUDA and on CPUs with AMX or
     /// AVX512-BF16, f32 elsewhere), f32 or bf16 (on the CPU: bf16 weights, f32 sums).
     #[arg(long, value_enum, default_value_t = crate::model::Precision::Auto)]
@@ -421,6 +425,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     if a.prompt_bars.is_some() && a.prompt.is_none() {
         bail!("--prompt-bars needs --prompt");
     }
+    crate::train::config::check_threads(a.threads, "--threads")?;
     {
         // The model and run folders are read whole (crate::output): no
         // output may replace any file in them.
@@ -446,7 +451,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
     check_earliest_end(&r, a.min_tokens.is_some(), defaults_file.as_deref())?;
     let device_name = super::device_name(a.device);
     let device = checkpoint::parse_device(device_name.as_deref())?;
-    crate::train::set_threads(0);
+    crate::train::set_threads(a.threads);
     // Fail early on a missing SoundFont rather than after sampling.
     let soundfont = match &a.wav {
         Some(_) => Some(render::find_soundfont(a.soundfont.as_deref())?),
