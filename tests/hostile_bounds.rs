@@ -275,46 +275,18 @@ fn flags_past_their_bounds_are_refused_naming_the_flag() {
         refused(&r, &["--threads 100000"]);
     }
     let out = t.join("g.mid");
-    let r = cadenza(
-        &[
-            "generate",
-            "--model",
-            s(&m),
-            "-o",
-            s(&out),
-            "--num-samples",
-            "10000000",
-        ],
-        10.0,
-    );
+    let generate = |extra: &[&str], deadline_s: f64| {
+        let mut a = vec!["generate", "--model", s(&m), "-o", s(&out)];
+        a.extend_from_slice(extra);
+        cadenza(&a, deadline_s)
+    };
+    let r = generate(&["--num-samples", "10000000"], 10.0);
     refused(&r, &["--num-samples", "100000"]);
-    let r = cadenza(
-        &[
-            "generate",
-            "--model",
-            s(&m),
-            "-o",
-            s(&out),
-            "--threads",
-            "100000",
-        ],
-        10.0,
+    refused(
+        &generate(&["--threads", "100000"], 10.0),
+        &["--threads 100000"],
     );
-    refused(&r, &["--threads 100000"]);
-    let r = cadenza(
-        &[
-            "generate",
-            "--model",
-            s(&m),
-            "-o",
-            s(&out),
-            "--min-tokens",
-            "100",
-            "--tokens",
-            "10",
-        ],
-        30.0,
-    );
+    let r = generate(&["--min-tokens", "100", "--tokens", "10"], 30.0);
     refused(&r, &["--min-tokens 100", "--tokens 10"]);
     assert!(!out.exists());
     for v in ["nan", "1", "-0.5"] {

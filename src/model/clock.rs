@@ -49,7 +49,7 @@ impl ClockState {
     /// ([`crate::model::config::ModelConfig::spe_bar_steps`]). With the longest bar the
     /// grid spells it never falls within a sequence; with a shorter one, a longer bar's
     /// last steps reach past the next bar line, and only equal (bar lag, position lag)
-    /// pairs are sure to give equal positions lags.
+    /// pairs are sure to give equal position lags.
     pub fn musical_position(&self, bar_steps: i64) -> i64 {
         self.bar * bar_steps + self.position
     }

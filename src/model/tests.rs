@@ -1208,6 +1208,18 @@ fn musical_rope_reads_each_sequence_clock() {
     );
 }
 
+/// Two models of configs `a` and `b` (which must hold the same variables) with the
+/// weights of `a` in both and the same frozen noise and features, with their stores.
+fn twins(a: &ModelConfig, b: &ModelConfig) -> ([nn::VarStore; 2], Transformer, Transformer) {
+    let [(ma, vs), (mb, mut vs_b)] = [a, b].map(|cfg| {
+        let (vs, mut m) = build(cfg, 13);
+        m.freeze(7);
+        (m, vs)
+    });
+    vs_b.copy(&vs).unwrap();
+    ([vs, vs_b], ma, mb)
+}
+
 #[test]
 fn spe_in_musical_time_reads_each_sequence_clock() {
     for name in [
@@ -1219,12 +1231,7 @@ fn spe_in_musical_time_reads_each_sequence_clock() {
         plain.musical_spe_bar = None;
         plain.musical_spe = false;
         // the same weights and noise, with SPE in musical time and on the token index
-        let [(m, vs), (p, mut vs_plain)] = [variant(name), plain].map(|cfg| {
-            let (vs, mut m) = build(&cfg, 13);
-            m.freeze(7);
-            (m, vs)
-        });
-        vs_plain.copy(&vs).unwrap();
+        let (_vs, m, p) = twins(&variant(name), &plain);
         let toks = tokens(3, 36, 6);
         let all = m.forward_t(&toks, 0, false);
         // every row at its own clock: alone, it gives the same logits
@@ -1248,12 +1255,7 @@ fn spe_in_musical_time_reads_each_sequence_clock() {
     let name = "spe-sine in musical time, 2 musical rope local heads window 6";
     let mut short = variant(name);
     short.musical_spe_bar = Some(7);
-    let [(a, vs), (b, mut vs_short)] = [variant(name), short].map(|cfg| {
-        let (vs, mut m) = build(&cfg, 13);
-        m.freeze(7);
-        (m, vs)
-    });
-    vs_short.copy(&vs).unwrap();
+    let (_vs, a, b) = twins(&variant(name), &short);
     let toks = tokens(3, 36, 6);
     let d = rel(&a.forward_t(&toks, 0, false), &b.forward_t(&toks, 0, false));
     assert!(d > 1e-4, "{d}");
