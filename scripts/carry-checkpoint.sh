@@ -10,8 +10,9 @@
 # schedule exactly. Neither writes over an existing destination.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-files=(config.json vocab.json generation_config.json metrics.jsonl)
-ckpt=(model.safetensors optimizer.safetensors state.json train_features.safetensors)
+files=(config.json vocab.json generation_config.json metrics.jsonl
+  checkpoint/model.safetensors checkpoint/optimizer.safetensors
+  checkpoint/state.json checkpoint/train_features.safetensors)
 mode=${1:-}
 src=${2:-}
 if [ -z "$mode" ] || [ -z "$src" ]; then
@@ -27,16 +28,12 @@ esac
 for f in "${files[@]}"; do
   [ -f "$src/$f" ] || { echo "carry-checkpoint: $src/$f is missing" >&2; exit 1; }
 done
-for f in "${ckpt[@]}"; do
-  [ -f "$src/checkpoint/$f" ] || { echo "carry-checkpoint: $src/checkpoint/$f is missing" >&2; exit 1; }
-done
 if [ -e "$dest" ]; then
   echo "carry-checkpoint: $dest exists; move it away first" >&2
   exit 1
 fi
 mkdir -p "$dest/checkpoint"
 for f in "${files[@]}"; do cp "$src/$f" "$dest/$f"; done
-for f in "${ckpt[@]}"; do cp "$src/checkpoint/$f" "$dest/checkpoint/$f"; done
 # The metrics log may run past the checkpoint (a run killed between two);
 # `--resume` keeps only the records up to the checkpoint's step itself.
 echo "carry-checkpoint: $src -> $dest (step $(sed -n 's/.*"step": *\([0-9]*\).*/\1/p' "$dest/checkpoint/state.json"))" >&2
