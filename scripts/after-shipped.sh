@@ -2,7 +2,8 @@
 # Ships a finished run as models/cadenza-small and measures it: per-type
 # evaluation, continuations of held-out pieces, 3,072-token pieces against
 # real ones. Results under docs/shipped/. Usage:
-#   bash scripts/after-shipped.sh [RUN_DIR]
+#   bash scripts/after-shipped.sh [RUN_DIR]   (a run, or a model folder
+#   written by scripts/ship-model.sh, such as one carried under checkpoints/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run=${1:-runs/shipped}
@@ -10,6 +11,7 @@ bin=target/release/cadenza
 model=models/cadenza-small
 out=docs/shipped
 mkdir -p $out
+[ "$(realpath "$run")" != "$(realpath -m "$model")" ] || { echo "after-shipped: $run is the model folder it replaces" >&2; exit 1; }
 rm -f $model/*.safetensors $model/state.json
 bash scripts/ship-model.sh "$run" $model
 # config.json names the dataset relative to the model folder

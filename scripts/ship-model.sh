@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Copies a trained run into a self-contained model folder (weights of the best
-# validation loss, config, sampling defaults, vocabulary; no optimizer state):
+# Copies a trained run (or a model folder) into a self-contained model folder
+# (weights of the best validation loss, config, sampling defaults, vocabulary;
+# no optimizer state):
 #   bash scripts/ship-model.sh RUN_DIR models/NAME
 set -euo pipefail
 run=${1:?run folder}
 dst=${2:?model folder}
+# RUN_DIR may also be a model folder written by this script (carried in git
+# between sessions): its weights are at its top level.
 src=$run/best
 [ -f "$src/model.safetensors" ] || src=$run/checkpoint
+[ -f "$src/model.safetensors" ] || src=$run
+[ -f "$src/model.safetensors" ] || { echo "ship-model: no weights in $run (best/, checkpoint/ or a model folder)" >&2; exit 1; }
+[ "$(realpath "$run")" != "$(realpath -m "$dst")" ] || { echo "ship-model: $run is both source and destination" >&2; exit 1; }
 mkdir -p "$dst"
 cp "$run/config.json" "$run/vocab.json" "$dst/"
 # The sampling defaults of `generate` (runs from before they existed have none:
