@@ -809,6 +809,9 @@ fn tiny_spe_model_learns_to_copy_a_pitch_from_context() {
         seq_len: Some(128),
         batch: Some(8),
         threads: Some(1),
+        // The thresholds below were measured in f32 (`auto` is bf16 where the CPU has
+        // AMX or AVX512-BF16).
+        precision: Some(cadenza::model::Precision::F32),
         ..Default::default()
     })
     .unwrap();
