@@ -14,6 +14,8 @@ src=$run/best
 [ -f "$src/model.safetensors" ] || { echo "ship-model: no weights in $run (best/, checkpoint/ or a model folder)" >&2; exit 1; }
 [ "$(realpath "$run")" != "$(realpath -m "$dst")" ] || { echo "ship-model: $run is both source and destination" >&2; exit 1; }
 mkdir -p "$dst"
+# Weights of an earlier model in DST (other file names included) must not outlive it.
+rm -f "$dst"/*.safetensors "$dst/state.json"
 cp "$run/config.json" "$run/vocab.json" "$dst/"
 # The sampling defaults of `generate` (runs from before they existed have none:
 # generate then uses its built-in defaults).
