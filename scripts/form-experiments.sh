@@ -6,7 +6,9 @@
 # resumed exactly (--resume). Usage: bash scripts/form-experiments.sh [ROW ...]
 # Rows: base512 music512 base2048 music2048 (default: these, in that order), and
 # starts512 bars512 (the bar embedding and its control; run with STEPS=600), and
-# barsknown512 (the bar embedding with every window's bar index known, window_bars).
+# barsknown512 (the bar embedding with every window's bar index known, window_bars);
+# from the musical-RoPE model shipped on 2026-12-04: ship2048 (its configuration, 2 x
+# 2,048) and onepiece2048 (the same with every window whole inside one long piece).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/form/train-row.sh
@@ -18,6 +20,11 @@ LR=${LR:-3e-4}
 rows=("$@")
 [ ${#rows[@]} -gt 0 ] || rows=(music512 base512 music2048 base2048)
 mkdir -p "$OUT"
+# a fresh machine has no tokenized corpus: make it as train-shipped.sh does (2 s)
+if [ ! -f "$DATA/manifest.json" ]; then
+    corpus=${CADENZA_CORPUS:-../shared/corpus}
+    "$BIN" tokenize "$corpus/classical" "$corpus/folk" --vocab vocab/remi-compact.json -o "$DATA"
+fi
 for row in "${rows[@]}"; do
     case $row in
         base512) cfg=scripts/form/base.toml; shape=(--seq-len 512 --batch 8) ;;
@@ -27,6 +34,8 @@ for row in "${rows[@]}"; do
         starts512) cfg=scripts/form/starts.toml; shape=(--seq-len 512 --batch 8) ;;
         bars512) cfg=scripts/form/bars.toml; shape=(--seq-len 512 --batch 8) ;;
         barsknown512) cfg=scripts/form/barsknown.toml; shape=(--seq-len 512 --batch 8) ;;
+        ship2048) cfg=scripts/form/ship.toml; shape=(--seq-len 2048 --batch 2) ;;
+        onepiece2048) cfg=scripts/form/onepiece.toml; shape=(--seq-len 2048 --batch 2) ;;
         *) echo "unknown row $row" >&2; exit 2 ;;
     esac
     run=$OUT/$row

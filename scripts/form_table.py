@@ -17,6 +17,8 @@ ROWS = [
     ("starts512", "+600 steps, shipped config + 25% piece starts, 8 x 512"),
     ("bars512", "+600 steps, bar embedding (64) + 25% piece starts, 8 x 512"),
     ("barsknown512", "+600 steps, bar embedding (64), every window's bar known, + 25% piece starts, 8 x 512"),
+    ("ship2048", "+{steps} steps from the musical-RoPE model, its config, 2 x 2,048"),
+    ("onepiece2048", "+{steps} steps from the musical-RoPE model, every window inside one long piece, 2 x 2,048"),
     ("scratch-base", "from scratch, shipped recipe, {steps} steps"),
     ("scratch-music", "from scratch, + musical RoPE (8 bar, 8 position pairs), {steps} steps"),
     ("scratch-music-spe", "from scratch, + musical RoPE and SineSPE in musical time, {steps} steps"),

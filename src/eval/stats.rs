@@ -475,16 +475,23 @@ pub fn compare(generated: &[PieceStats], real: &[PieceStats]) -> Vec<StatCompari
         .collect()
 }
 
-/// A markdown table of [`compare`]'s rows.
+/// A markdown table of [`compare`]'s rows. Where the real pieces do not vary
+/// (one real piece, or all alike) the distance reads `-`: a difference over a
+/// zero spread is no number of standard deviations.
 pub fn markdown(rows: &[StatComparison]) -> String {
     let mut out = String::from(
         "| statistic | generated mean | real mean | real sd | distance (real sd) |\n\
          |---|---:|---:|---:|---:|\n",
     );
     for r in rows {
+        let distance = if r.real_sd < SD_EPSILON {
+            "-".to_string()
+        } else {
+            format!("{:.2}", r.z_distance)
+        };
         out.push_str(&format!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.2} |\n",
-            r.name, r.generated_mean, r.real_mean, r.real_sd, r.z_distance
+            "| {} | {:.3} | {:.3} | {:.3} | {distance} |\n",
+            r.name, r.generated_mean, r.real_mean, r.real_sd
         ));
     }
     out
@@ -860,5 +867,12 @@ mod tests {
         assert!(table.starts_with("| statistic |"));
         assert_eq!(table.lines().count(), 2 + rows.len());
         assert!(table.contains("| pitch_class_entropy | 4.000 | 2.000 | 1.000 | 2.00 |"));
+        // real pieces that do not vary: no distance in their standard deviations
+        assert!(
+            table.contains("| polyphony | 2.000 | 2.000 | 0.000 | - |"),
+            "{table}"
+        );
+        let one = compare(&shifted[..1], &set[..1]);
+        assert!(markdown(&one).contains("| pitch_class_entropy | 3.000 | 1.000 | 0.000 | - |"));
     }
 }

@@ -54,6 +54,12 @@ pub fn check_val_fraction(v: f64, what: &str) -> anyhow::Result<()> {
 
 use crate::model::{ModelConfig, Precision};
 
+/// For `skip_serializing_if`: a share left at 0 is not written, so the configs of
+/// runs that never set it read as they did before it existed.
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
@@ -95,6 +101,12 @@ pub struct TrainConfig {
     /// a bar line drawn uniformly over the piece, so that the model sees whole forms from
     /// their first bar often (0: the uniform draw alone, as runs saved before it).
     pub piece_starts: f64,
+    /// Share of training windows drawn whole from one piece at least as long as the
+    /// window, so that every position has its own piece's past behind it as far back
+    /// as the window reaches ([`crate::train::data::Batcher::with_one_piece_windows`];
+    /// 0: the plain draw, which runs on into further pieces, as runs saved before it).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub one_piece_windows: f64,
     /// With a bar embedding: every training and validation window starts its bar
     /// index from the bar of its piece it begins in, instead of from "not known"
     /// until a `BOS` (false, as runs saved before it), so the table learns from
@@ -126,6 +138,7 @@ impl Default for TrainConfig {
             threads: 0,
             precision: Precision::Auto,
             piece_starts: 0.0,
+            one_piece_windows: 0.0,
             window_bars: false,
         }
     }
@@ -201,6 +214,7 @@ impl TrainConfig {
             self.seq_len
         );
         number("piece_starts", self.piece_starts, 0.0, 1.0, false)?;
+        number("one_piece_windows", self.one_piece_windows, 0.0, 1.0, false)?;
         // no upper bound but finiteness: a huge rate is a divergence that
         // training reports at its first step, naming --lr
         ensure!(

@@ -106,6 +106,8 @@ pub struct Batcher<'a> {
     transpose: i64,
     /// Share of windows that begin at a piece's BOS ([`Batcher::with_piece_starts`]).
     piece_starts: f64,
+    /// Share of windows drawn whole from one piece ([`Batcher::with_one_piece_windows`]).
+    one_piece: f64,
 }
 
 impl<'a> Batcher<'a> {
@@ -125,6 +127,7 @@ impl<'a> Batcher<'a> {
             seed,
             transpose,
             piece_starts: 0.0,
+            one_piece: 0.0,
         }
     }
 
@@ -134,6 +137,47 @@ impl<'a> Batcher<'a> {
     pub fn with_piece_starts(mut self, share: f64) -> Self {
         self.piece_starts = share;
         self
+    }
+
+    /// The batcher whose windows, with probability `share`, lie whole inside one
+    /// piece at least as long as the window: the piece drawn in proportion to its
+    /// length among those, the window from one of its bar lines (or its BOS) that
+    /// leaves room for the whole window. So every position of such a window has
+    /// its own piece's past behind it, as far back as the window reaches, where a
+    /// plain window of 2,048 tokens mostly strings short tunes together. Where no
+    /// piece is long enough, or with probability `1 - share`, the plain draw. With
+    /// 0 no coin is tossed, so the batches are those of a batcher without it.
+    pub fn with_one_piece_windows(mut self, share: f64) -> Self {
+        self.one_piece = share;
+        self
+    }
+
+    /// A piece of at least `len` tokens, drawn in proportion to length, and the
+    /// index into its `starts` of a start that leaves `len` tokens; `None` when no
+    /// piece is that long.
+    fn pick_whole(&self, rng: &mut ChaCha8Rng, len: usize) -> Option<(&'a PieceTokens, usize)> {
+        let long: Vec<&PieceTokens> = self.pieces.iter().filter(|p| p.ids.len() >= len).collect();
+        let total: u64 = long.iter().map(|p| p.ids.len() as u64).sum();
+        if total == 0 {
+            return None;
+        }
+        let mut x = rng.gen_range(0..total);
+        let piece = long
+            .iter()
+            .find(|p| {
+                let n = p.ids.len() as u64;
+                if x < n {
+                    return true;
+                }
+                x -= n;
+                false
+            })
+            .copied()?;
+        // starts are increasing; starts[0] (BOS, 0) always leaves room
+        let room = piece
+            .starts
+            .partition_point(|&s| s + len <= piece.ids.len());
+        Some((piece, rng.gen_range(0..room.max(1))))
     }
 
     fn pick(&self, rng: &mut ChaCha8Rng) -> &'a PieceTokens {
@@ -154,13 +198,24 @@ impl<'a> Batcher<'a> {
     /// ([`crate::model::clock::BarIndex`]; 0 for a window that begins at BOS).
     pub fn window_with_bars(&self, rng: &mut ChaCha8Rng, len: usize) -> (Vec<u32>, i64) {
         let mut out = Vec::with_capacity(len);
-        let first = self.pick(rng);
-        let at_start = self.piece_starts > 0.0 && rng.gen::<f64>() < self.piece_starts;
-        // starts[0] is BOS, starts[j] the j-th Bar: j - 1 bars lie before it
-        let j = if at_start {
-            0
+        let whole = if self.one_piece > 0.0 && rng.gen::<f64>() < self.one_piece {
+            self.pick_whole(rng, len)
         } else {
-            rng.gen_range(0..first.starts.len())
+            None
+        };
+        // starts[0] is BOS, starts[j] the j-th Bar: j - 1 bars lie before it
+        let (first, j) = match whole {
+            Some(found) => found,
+            None => {
+                let first = self.pick(rng);
+                let at_start = self.piece_starts > 0.0 && rng.gen::<f64>() < self.piece_starts;
+                let j = if at_start {
+                    0
+                } else {
+                    rng.gen_range(0..first.starts.len())
+                };
+                (first, j)
+            }
         };
         let start = first.starts[j];
         let bars_before = j.saturating_sub(1) as i64;
@@ -324,6 +379,69 @@ mod tests {
         let plain = Batcher::new(&pieces, &v, 3, 0);
         let zero = Batcher::new(&pieces, &v, 3, 0).with_piece_starts(0.0);
         assert_eq!(plain.batch(9, 4, 17), zero.batch(9, 4, 17));
+    }
+
+    #[test]
+    fn one_piece_windows_lie_whole_inside_a_long_piece() {
+        let v = Vocab::new(RemiConfig::default()).unwrap();
+        let eos = 2u32;
+        // piece i: BOS, then bars of (Bar, Position(i)), then EOS; only piece 3 is
+        // longer than a 41-token window
+        let pieces: Vec<PieceTokens> = (0..4u16)
+            .map(|i| {
+                let pos = v.id(Token::Position(i)).unwrap();
+                let mut ids = vec![1u32];
+                for _ in 0..(if i == 3 { 60 } else { 5 }) {
+                    ids.extend([BAR_ID, pos]);
+                }
+                ids.push(eos);
+                PieceTokens::new(format!("p{i}"), ids)
+            })
+            .collect();
+        let long_pos = v.id(Token::Position(3)).unwrap() as i64;
+        let b = Batcher::new(&pieces, &v, 3, 0).with_one_piece_windows(1.0);
+        for step in 0..50 {
+            for w in b.batch(step, 4, 41).chunks(41) {
+                // one piece: its tokens only, and its EOS at most as the last token,
+                // so the window never runs on into another
+                let (last, body) = w.split_last().unwrap();
+                assert!(
+                    body.iter()
+                        .all(|&t| t == 1 || t == BAR_ID as i64 || t == long_pos),
+                    "{w:?}"
+                );
+                assert!(
+                    [BAR_ID as i64, long_pos, eos as i64].contains(last),
+                    "{w:?}"
+                );
+            }
+        }
+        // windows that reach a short piece: about half as many at share 0.5 as
+        // without it (200 windows)
+        let short_ids: Vec<i64> = (0..3u16)
+            .map(|i| v.id(Token::Position(i)).unwrap() as i64)
+            .collect();
+        let reaching = |share: f64| {
+            let b = Batcher::new(&pieces, &v, 3, 0).with_one_piece_windows(share);
+            (0..50)
+                .flat_map(|s| b.batch(s, 4, 41))
+                .collect::<Vec<_>>()
+                .chunks(41)
+                .filter(|w| w.iter().any(|t| short_ids.contains(t)))
+                .count()
+        };
+        let (none, half) = (reaching(0.0), reaching(0.5));
+        assert!(
+            none > 60 && half > 10 && half * 10 < none * 7,
+            "{none} {half}"
+        );
+        // no piece long enough: the plain draw, never a panic
+        let short = Batcher::new(&pieces[..3], &v, 3, 0).with_one_piece_windows(1.0);
+        assert_eq!(short.batch(1, 2, 41).len(), 82);
+        // share 0 leaves the batches as they were
+        let plain = Batcher::new(&pieces, &v, 3, 0);
+        let zero = Batcher::new(&pieces, &v, 3, 0).with_one_piece_windows(0.0);
+        assert_eq!(plain.batch(9, 4, 41), zero.batch(9, 4, 41));
     }
 
     /// A piece whose bar k (from 1) holds Position(k): its first bar tells where
