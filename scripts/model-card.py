@@ -177,6 +177,20 @@ def form_block():
 | strain return of 8-bar continuations of 8-bar prompts, {k.get('pieces', '-')} held-out folk tunes (real tunes) | {num(sg.get('mean'))} ({num(sr.get('mean'))}) | >= 0.8x real |
 | share of continuations with strain return >= 0.5 (real) | {num(sg.get('share'))} ({num(sr.get('share'))}) | |
 """
+    r = e.get("returns")
+    if r:
+        def top1(part):
+            p = r.get(part, {}).get("by_type", {}).get("Pitch")
+            return pct(p["top1"]) if p else "-"
+        out += f"""
+Does it see a return coming? Pitch top-1 on the same 100 held-out pieces
+(`eval`'s return probe: a bar "returns" when a bar at least
+{r.get('min_lag', 4)} bars back has exactly its notes, is "fresh" when no earlier bar is
+near it): {top1('returning')} in returning bars
+({top1('continuing')} once a return has begun, {top1('entering')} in the bar
+where it begins, {top1('entry_pitch')} on that bar's first pitch), against
+{top1('fresh')} in fresh bars.
+"""
     g = h["context_gain"]
     ratio = g["full"] / g["cut"]["512"]
     if ratio > 0.995:
