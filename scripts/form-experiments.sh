@@ -8,7 +8,13 @@
 # starts512 bars512 (the bar embedding and its control; run with STEPS=600), and
 # barsknown512 (the bar embedding with every window's bar index known, window_bars);
 # from the musical-RoPE model shipped on 2026-12-04: ship2048 (its configuration, 2 x
-# 2,048) and onepiece2048 (the same with every window whole inside one long piece).
+# 2,048) and onepiece2048 (the same with every window whole inside one long piece);
+# starts2048 (half the windows from a piece's start) and reprise2048 (the same on the
+# corpus plus REPRISE made-up pieces in which a training tune comes back ~1,000 tokens
+# later, scripts/form/recall-probe.py --training-pieces; data in $OUT/recall).
+# INIT: the weights every row starts from (default models/cadenza-small; the rows of
+# 2026-12-04/05 started from stage 1, the model shipped on 2026-12-04: INIT=runs/stage1-model
+# after scripts/train-shipped-stage2.sh has written it from git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/form/train-row.sh
@@ -16,6 +22,8 @@ BIN=${BIN:-target/release/cadenza}
 DATA=${DATA:-runs/corpus-data-remi-compact}
 OUT=${OUT:-runs/form}
 STEPS=${STEPS:-150}
+REPRISE=${REPRISE:-1500}
+INIT=${INIT:-models/cadenza-small}
 LR=${LR:-3e-4}
 rows=("$@")
 [ ${#rows[@]} -gt 0 ] || rows=(music512 base512 music2048 base2048)
@@ -26,6 +34,7 @@ if [ ! -f "$DATA/manifest.json" ]; then
     "$BIN" tokenize "$corpus/classical" "$corpus/folk" --vocab vocab/remi-compact.json -o "$DATA"
 fi
 for row in "${rows[@]}"; do
+    data=$DATA
     case $row in
         base512) cfg=scripts/form/base.toml; shape=(--seq-len 512 --batch 8) ;;
         music512) cfg=scripts/form/music.toml; shape=(--seq-len 512 --batch 8) ;;
@@ -36,11 +45,16 @@ for row in "${rows[@]}"; do
         barsknown512) cfg=scripts/form/barsknown.toml; shape=(--seq-len 512 --batch 8) ;;
         ship2048) cfg=scripts/form/ship.toml; shape=(--seq-len 2048 --batch 2) ;;
         onepiece2048) cfg=scripts/form/onepiece.toml; shape=(--seq-len 2048 --batch 2) ;;
+        starts2048) cfg=scripts/shipped-stage2.toml; shape=(--seq-len 2048 --batch 2) ;;
+        reprise2048) cfg=scripts/shipped-stage2.toml; shape=(--seq-len 2048 --batch 2)
+            data=$OUT/recall/train
+            [ -f "$data/manifest.json" ] ||
+                python3 scripts/form/recall-probe.py "$DATA" "$OUT/recall" --training-pieces "$REPRISE" ;;
         *) echo "unknown row $row" >&2; exit 2 ;;
     esac
     run=$OUT/$row
-    train_row "$row, from models/cadenza-small" "$run" "$STEPS" \
-        "$BIN" train -o "$run" --data "$DATA" --vocab vocab/remi-compact.json \
-        --init models/cadenza-small --config "$cfg" "${shape[@]}" \
+    train_row "$row, from $INIT" "$run" "$STEPS" \
+        "$BIN" train -o "$run" --data "$data" --vocab vocab/remi-compact.json \
+        --init "$INIT" --config "$cfg" "${shape[@]}" \
         --steps "$STEPS" --lr "$LR"
 done

@@ -60,6 +60,19 @@ def training_story(last):
     return open(path).read().strip().replace("{last}", f"{last:,}")
 
 
+def stage_note(cfg):
+    """The training row's opening for a model trained on from another one (`train --init`)."""
+    if not cfg.get("init"):
+        return ""
+    return ("stage 2, from the weights of the stage-1 model (8,200 steps of 8 x 512, "
+            "shipped on 2026-12-04; see below): ")
+
+
+def starts_note(t):
+    share = t.get("piece_starts", 0)
+    return f", {share * 100:.0f}% of the windows from a piece's start" if share else ""
+
+
 def attention_row(m):
     """The attention line of the card: FAVOR+, and the local heads when there are any."""
     a = m["attention"]
@@ -99,7 +112,8 @@ def reference_block():
     ours = load(os.path.join(OUT, "eval.json"))
     if ours:
         rows.append(row("**this model**", ours))
-    return ("Against references trained on exactly this model's 8,200 batches and schedule, "
+    whose = "its stage 1's" if (load(os.path.join(MODEL, "config.json"), {}) or {}).get("init") else "this model's"
+    return (f"Against references trained on exactly {whose} 8,200 batches and schedule, "
             "scored on the same windows (`scripts/reference/full-budget.sh`, docs/learning.md):\n\n"
             "| model | loss | pitch NLL | pitch top-1 | folk pitch top-1 |\n| --- | ---: | ---: | ---: | ---: |\n"
             + "\n".join(rows + refs) + "\n\nFAVOR+ alone cannot find a recent note exactly, which a "
@@ -202,6 +216,42 @@ them costs loss), not the far one.
     return out
 
 
+def reproduce_block(cfg):
+    """The "Reproduce or continue" section: one schedule, or stage 1 then stage 2."""
+    t = cfg["train"]
+    if not cfg.get("init"):
+        return f"""## Reproduce or continue
+
+```sh
+CONFIG=scripts/shipped-music.toml STEPS={t['steps']} bash scripts/train-shipped.sh ../shared/corpus runs/shipped-music
+target/release/cadenza train -o runs/shipped-music --resume  # after a stop: continues the same schedule exactly
+bash scripts/after-shipped.sh runs/shipped-music             # ships best/ here and measures it
+```
+
+The schedule takes about 4 hours 20 minutes alone on 2 CPU threads without native
+bf16 (2,050-2,600 tokens/s; the model trained before it, without musical RoPE,
+ran at up to 6,250 tokens/s on a faster machine).
+"""
+    return f"""## Reproduce or continue
+
+```sh
+# stage 1 (8,200 steps of 8 x 512; or take its weights from git, as the next line does)
+CONFIG=scripts/shipped-music.toml bash scripts/train-shipped.sh ../shared/corpus runs/shipped-music
+# stage 2 ({t['steps']:,} steps of {t['batch']} x {t['seq_len']:,}) from the stage-1 model
+# (default: git d9af599:models/cadenza-small, written to runs/stage1-model)
+bash scripts/train-shipped-stage2.sh runs/stage1-model runs/shipped-stage2
+target/release/cadenza train -o runs/shipped-stage2 --resume  # after a stop: continues the same schedule exactly
+bash scripts/after-shipped.sh runs/shipped-stage2             # ships best/ here and measures it
+```
+
+Stage 1 takes about 4 hours 20 minutes alone on 2 CPU threads of an AMD EPYC
+without native bf16 (2,050-2,600 tokens/s), stage 2 about 19 minutes on 2
+threads of a Xeon with AMX (5,400-8,500 tokens/s, f32). `config.json`'s `init`
+names the folder stage 2 started from (`models/cadenza-small` as it was at
+commit d9af599).
+"""
+
+
 def use_and_files(gen):
     """The "Use", "Files" and "Licence" sections; `gen` is generation_config.json."""
     g = gen or {}
@@ -287,7 +337,7 @@ plays. Every figure below comes from `scripts/after-shipped.sh` (files under
 | parameters | {n / 1e6:.2f} M ({size:.1f} MB of f32 safetensors) |
 | vocabulary | {vname}: {vocab.get('size')} tokens, hash `{cfg['vocab_hash']}` |
 | data | shared corpus `classical/` and `folk/` (14,893 pieces), 95/5 split by piece (seed {t['seed']}) |
-| training | {last:,} steps of the {t['steps']:,}-step schedule, batch {t['batch']} x {t['seq_len']} tokens, AdamW (betas {t['beta1']}/{t['beta2']}, weight decay {t['weight_decay']}), lr {t['lr']}, warm-up {t['warmup_steps']}, cosine to {t['min_lr']}, clip {t['grad_clip']}, transposition +-{t['transpose']}, 2 CPU threads, median {num(med, '{:,.0f}')} tokens/s |
+| training | {stage_note(cfg)}{last:,} steps of the {t['steps']:,}-step schedule, batch {t['batch']} x {t['seq_len']} tokens{starts_note(t)}, AdamW (betas {t['beta1']}/{t['beta2']}, weight decay {t['weight_decay']}), lr {t['lr']}, warm-up {t['warmup_steps']}, cosine to {t['min_lr']}, clip {t['grad_clip']}, transposition +-{t['transpose']}, 2 CPU threads, median {num(med, '{:,.0f}')} tokens/s |
 | validation loss: {num(best, '{:.4f}')} nats/token | best of the run, on {t['val_windows']} held-out windows spread over the split (the weights shipped are those of the best validation, `best/`; `tests/shipped.rs` recomputes it from the corpus) |
 
 The loss curve is `loss.png`; the per-step log `metrics.jsonl`.
@@ -365,18 +415,7 @@ in 8 pieces sampled from this model with the rule off 7.6%.
     form = form_block()
     if form:
         print(form)
-    print(f"""## Reproduce or continue
-
-```sh
-CONFIG=scripts/shipped-music.toml STEPS={t['steps']} bash scripts/train-shipped.sh ../shared/corpus runs/shipped-music
-target/release/cadenza train -o runs/shipped-music --resume  # after a stop: continues the same schedule exactly
-bash scripts/after-shipped.sh runs/shipped-music             # ships best/ here and measures it
-```
-
-The schedule takes about 4 hours 20 minutes alone on 2 CPU threads without native
-bf16 (2,050-2,600 tokens/s; the model trained before it, without musical RoPE,
-ran at up to 6,250 tokens/s on a faster machine).
-""")
+    print(reproduce_block(cfg))
     print(use_and_files(gen), end="")
 
 

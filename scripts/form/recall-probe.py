@@ -13,6 +13,7 @@ control is what the far past is worth when it holds the very tune being played, 
 against control what a copy in the local heads' reach is worth.
 
 Usage: python3 scripts/form/recall-probe.py DATASET OUT [--at 1024] [--pieces 60] [--seed 0]
+       [--training-pieces N]  (also OUT/train: DATASET and N made-up far pieces of training tunes)
 Standard library only."""
 import argparse
 import array
@@ -69,6 +70,8 @@ def main():
     ap.add_argument("--at", type=int, default=1024)
     ap.add_argument("--pieces", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--training-pieces", type=int, default=0,
+                    help="also write OUT/train: DATASET plus this many made-up far pieces of training tunes")
     a = ap.parse_args()
     index = json.load(open(os.path.join(a.dataset, "pieces.json")))
     manifest = json.load(open(os.path.join(a.dataset, "manifest.json")))
@@ -101,6 +104,24 @@ def main():
         sets["far"].append((f"far/{i}", [bos] + a_ + F + a_ + [eos]))
         sets["near"].append((f"near/{i}", [bos] + F + a_ + a_ + [eos]))
         sets["control"].append((f"control/{i}", [bos] + b_ + F + a_ + [eos]))
+    if a.training_pieces:
+        # a dataset to train on: every piece of DATASET, and made-up "far" pieces of
+        # training tunes only (none of the held-out tunes above), so that some training
+        # windows ask for a tune heard more than 512 tokens back
+        train = [list(tokens[p["offset"]:p["offset"] + p["len"]]) for p in index
+                 if p["source"].startswith("folk/") and not is_validation(p["source"], 0, 0.05)]
+        t_tunes = [t for t in train if 160 <= len(t) <= 400]
+        t_short = [body(t) for t in train if len(t) <= 300]
+        mixed = [(p["source"], list(tokens[p["offset"]:p["offset"] + p["len"]])) for p in index]
+        for i in range(a.training_pieces):
+            A = t_tunes[rng.randrange(len(t_tunes))]
+            a_ = body(A)
+            F = fill(1 + len(a_), t_short, a.at, rng)
+            mixed.append((f"reprise/{i}", [bos] + a_ + F + a_ + [eos]))
+        write_dataset(os.path.join(a.out, "train"), os.path.join(a.dataset, "vocab.json"), manifest, mixed)
+        made = sum(len(ids) for n, ids in mixed if n.startswith("reprise/"))
+        print(f"train: {len(mixed):,} pieces, {a.training_pieces:,} of them made up ({made:,} of "
+              f"{sum(len(ids) for _, ids in mixed):,} tokens)")
     for name, pieces in sets.items():
         write_dataset(os.path.join(a.out, name), os.path.join(a.dataset, "vocab.json"), manifest, pieces)
         starts = [len(ids) - len(chosen[i]) + 1 for i, (_, ids) in enumerate(pieces)]
