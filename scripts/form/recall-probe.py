@@ -80,8 +80,9 @@ def main():
         tokens.frombytes(f.read())
     if sys.byteorder != "little":
         tokens.byteswap()
-    folk = [list(tokens[p["offset"]:p["offset"] + p["len"]]) for p in index
-            if p["source"].startswith("folk/") and is_validation(p["source"], 0, 0.05)]
+    # every piece's tokens, read once: the held-out tunes below, and OUT/train
+    pieces_all = [(p["source"], list(tokens[p["offset"]:p["offset"] + p["len"]])) for p in index]
+    folk = [t for s, t in pieces_all if s.startswith("folk/") and is_validation(s, 0, 0.05)]
     # A must lie wholly more than 512 tokens before its second hearing: at most 400 tokens
     tunes = [t for t in folk if 160 <= len(t) <= 400]
     short = [t for t in folk if len(t) <= 300]
@@ -108,11 +109,10 @@ def main():
         # a dataset to train on: every piece of DATASET, and made-up "far" pieces of
         # training tunes only (none of the held-out tunes above), so that some training
         # windows ask for a tune heard more than 512 tokens back
-        train = [list(tokens[p["offset"]:p["offset"] + p["len"]]) for p in index
-                 if p["source"].startswith("folk/") and not is_validation(p["source"], 0, 0.05)]
+        train = [t for s, t in pieces_all if s.startswith("folk/") and not is_validation(s, 0, 0.05)]
         t_tunes = [t for t in train if 160 <= len(t) <= 400]
         t_short = [body(t) for t in train if len(t) <= 300]
-        mixed = [(p["source"], list(tokens[p["offset"]:p["offset"] + p["len"]])) for p in index]
+        mixed = list(pieces_all)
         for i in range(a.training_pieces):
             A = t_tunes[rng.randrange(len(t_tunes))]
             a_ = body(A)
