@@ -10,28 +10,44 @@
 //! over the sorted file list; 0 = all), then MIDI files or folders. Each
 //! piece is tokenized; per melodic program, every note is checked the slow
 //! way: does the phrase of N pitches ending on it occur R times or more
-//! among the program's previous `PHRASE_WINDOW` notes? It prints, per
-//! (N, R), the share of notes that would have been masked and the share of
-//! pieces with any such note. The guard uses N = `PHRASE_NOTES` and R =
-//! `max_phrase_repeats`; its unit tests check it against this same count.
+//! among the program's previous W notes? It prints, per (W, N, R), the
+//! share of notes that would have been masked and the share of pieces with
+//! any such note: short phrases over `PHRASE_WINDOW` notes, long ones over
+//! `LONG_PHRASE_WINDOW`. The guard's phrase rule uses N = `PHRASE_NOTES`
+//! and R = `max_phrase_repeats`, its long rule N = `LONG_PHRASE_NOTES` and
+//! R = `max_long_phrase_repeats`; its unit tests check it against this same
+//! count.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use cadenza::sample::guard::PHRASE_WINDOW;
+use cadenza::sample::guard::{LONG_PHRASE_WINDOW, PHRASE_WINDOW};
 use cadenza::tokenizer::{dataset, Token, Vocab, DRUMS};
 
-const LENGTHS: [usize; 4] = [4, 6, 8, 12];
-const REPEATS: [usize; 4] = [4, 6, 8, 12];
+/// The (window, phrase notes, repeats) cells of the table.
+fn cells() -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    for n in [4, 6, 8, 12] {
+        for r in [4, 6, 8, 12] {
+            out.push((PHRASE_WINDOW, n, r));
+        }
+    }
+    for n in [16, 24, 32] {
+        for r in [3, 4, 5, 6] {
+            out.push((LONG_PHRASE_WINDOW, n, r));
+        }
+    }
+    out
+}
 
 /// Earlier occurrences of the `n` pitches ending at `s[m]` among the
-/// `PHRASE_WINDOW` notes before it.
-fn repeats(s: &[u8], m: usize, n: usize) -> usize {
+/// `window` notes before it.
+fn repeats(s: &[u8], m: usize, n: usize, window: usize) -> usize {
     if m + 1 < n {
         return 0;
     }
     let gram = &s[m + 1 - n..=m];
-    let lo = m.saturating_sub(PHRASE_WINDOW);
+    let lo = m.saturating_sub(window);
     (lo..(m + 1).saturating_sub(n))
         .filter(|&i| i + n <= m && &s[i..i + n] == gram)
         .count()
@@ -51,7 +67,8 @@ fn main() -> Result<()> {
         let n = files.len();
         files = (0..max).map(|i| files[i * n / max].clone()).collect();
     }
-    let cells = LENGTHS.len() * REPEATS.len();
+    let grid = cells();
+    let cells = grid.len();
     let mut masked = vec![0usize; cells];
     let mut pieces_hit = vec![0usize; cells];
     let (mut notes, mut pieces) = (0usize, 0usize);
@@ -72,13 +89,10 @@ fn main() -> Result<()> {
                     };
                     s.push(pitch);
                     notes += 1;
-                    for (a, &n) in LENGTHS.iter().enumerate() {
-                        let c = repeats(s, s.len() - 1, n);
-                        for (b, &r) in REPEATS.iter().enumerate() {
-                            if c >= r {
-                                masked[a * REPEATS.len() + b] += 1;
-                                hit[a * REPEATS.len() + b] = true;
-                            }
+                    for (k, &(w, n, r)) in grid.iter().enumerate() {
+                        if repeats(s, s.len() - 1, n, w) >= r {
+                            masked[k] += 1;
+                            hit[k] = true;
                         }
                     }
                 }
@@ -89,18 +103,17 @@ fn main() -> Result<()> {
             *p += h as usize;
         }
     }
-    println!("{pieces} pieces, {notes} melodic notes, window {PHRASE_WINDOW} notes\n");
-    println!("| phrase notes N | repeats R | notes masked | pieces with a masked note |");
-    println!("| ---: | ---: | ---: | ---: |");
-    for (a, n) in LENGTHS.iter().enumerate() {
-        for (b, r) in REPEATS.iter().enumerate() {
-            let k = a * REPEATS.len() + b;
-            println!(
-                "| {n} | {r} | {:.3}% | {:.1}% |",
-                100.0 * masked[k] as f64 / notes.max(1) as f64,
-                100.0 * pieces_hit[k] as f64 / pieces.max(1) as f64
-            );
-        }
+    println!("{pieces} pieces, {notes} melodic notes\n");
+    println!(
+        "| window W (notes) | phrase notes N | repeats R | notes masked | pieces with a masked note |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    for (k, (w, n, r)) in grid.iter().enumerate() {
+        println!(
+            "| {w} | {n} | {r} | {:.3}% | {:.1}% |",
+            100.0 * masked[k] as f64 / notes.max(1) as f64,
+            100.0 * pieces_hit[k] as f64 / pieces.max(1) as f64
+        );
     }
     Ok(())
 }

@@ -11,7 +11,9 @@
 # 2,048) and onepiece2048 (the same with every window whole inside one long piece);
 # starts2048 (half the windows from a piece's start) and reprise2048 (the same on the
 # corpus plus REPRISE made-up pieces in which a training tune comes back ~1,000 tokens
-# later, scripts/form/recall-probe.py --training-pieces; data in $OUT/recall).
+# later, scripts/form/recall-probe.py --training-pieces; data in $OUT/recall);
+# openings2048 (starts2048 with the pieces entered at their BOS drawn per piece, not in
+# proportion to length: scripts/form/openings.toml).
 # INIT: the weights every row starts from (default models/cadenza-small; the rows of
 # 2026-12-04/05 started from stage 1, the model shipped on 2026-12-04: INIT=runs/stage1-model
 # after scripts/train-shipped-stage2.sh has written it from git).
@@ -46,6 +48,7 @@ for row in "${rows[@]}"; do
         ship2048) cfg=scripts/form/ship.toml; shape=(--seq-len 2048 --batch 2) ;;
         onepiece2048) cfg=scripts/form/onepiece.toml; shape=(--seq-len 2048 --batch 2) ;;
         starts2048) cfg=scripts/shipped-stage2.toml; shape=(--seq-len 2048 --batch 2) ;;
+        openings2048) cfg=scripts/form/openings.toml; shape=(--seq-len 2048 --batch 2) ;;
         reprise2048) cfg=scripts/shipped-stage2.toml; shape=(--seq-len 2048 --batch 2)
             data=$OUT/recall/train
             [ -f "$data/manifest.json" ] ||

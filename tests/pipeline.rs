@@ -352,6 +352,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
             max_note_quarters: 0.01,
             max_same_pitch: 1,
             max_phrase_repeats: 1,
+            max_long_phrase_repeats: 1,
         },
         ..short.clone()
     };

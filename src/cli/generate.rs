@@ -73,6 +73,11 @@ pub struct GenerateArgs {
     /// [default: 8].
     #[arg(long)]
     pub max_phrase_repeats: Option<usize>,
+    /// Repetition guard: how often one instrument may play a phrase of 16
+    /// pitches within its last 512 notes, so that a whole phrase or strain
+    /// is not looped to the end; drums are exempt (0 = no limit) [default: 4].
+    #[arg(long)]
+    pub max_long_phrase_repeats: Option<usize>,
     /// Pieces to generate (as one batch): OUT-1.mid, OUT-2.mid ... (at
     /// most 100000, and as many as --max-memory-mb allows).
     #[arg(long, default_value_t = 1)]
@@ -175,6 +180,9 @@ fn resolve(a: &GenerateArgs, g: &checkpoint::GenerationConfig) -> Resolved {
             max_note_quarters: a.max_note_quarters.unwrap_or(g.max_note_quarters),
             max_same_pitch: a.max_same_pitch.unwrap_or(g.max_same_pitch),
             max_phrase_repeats: a.max_phrase_repeats.unwrap_or(g.max_phrase_repeats),
+            max_long_phrase_repeats: a
+                .max_long_phrase_repeats
+                .unwrap_or(g.max_long_phrase_repeats),
         },
         programs: a.programs.clone().unwrap_or_else(|| g.programs.clone()),
     }
@@ -275,6 +283,10 @@ impl PieceRecord {
         flag(
             "--max-phrase-repeats",
             c.guard.max_phrase_repeats.to_string(),
+        );
+        flag(
+            "--max-long-phrase-repeats",
+            c.guard.max_long_phrase_repeats.to_string(),
         );
         flag("--programs", self.programs.clone());
         if let Some(b) = c.max_bars {

@@ -433,6 +433,8 @@ pub struct GenerationConfig {
     pub max_same_pitch: usize,
     /// `--max-phrase-repeats`.
     pub max_phrase_repeats: usize,
+    /// `--max-long-phrase-repeats`.
+    pub max_long_phrase_repeats: usize,
     /// `--programs`.
     pub programs: String,
 }
@@ -453,6 +455,7 @@ impl Default for GenerationConfig {
             max_note_quarters: s.guard.max_note_quarters,
             max_same_pitch: s.guard.max_same_pitch,
             max_phrase_repeats: s.guard.max_phrase_repeats,
+            max_long_phrase_repeats: s.guard.max_long_phrase_repeats,
             programs: "prompt".into(),
         }
     }
@@ -472,6 +475,7 @@ impl GenerationConfig {
                 max_note_quarters: self.max_note_quarters,
                 max_same_pitch: self.max_same_pitch,
                 max_phrase_repeats: self.max_phrase_repeats,
+                max_long_phrase_repeats: self.max_long_phrase_repeats,
             },
             ..Default::default()
         }

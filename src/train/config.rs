@@ -113,6 +113,12 @@ pub struct TrainConfig {
     /// every window, not only from those that hold a piece's start.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub window_bars: bool,
+    /// Draw the pieces a window enters at their BOS uniformly over the pieces, not in
+    /// proportion to length, so that the model learns to open a piece in each style as
+    /// often as the corpus's pieces do ([`crate::train::data::Batcher::with_openings_by_piece`];
+    /// false: in proportion to length, as runs saved before it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub openings_by_piece: bool,
 }
 
 impl Default for TrainConfig {
@@ -140,6 +146,7 @@ impl Default for TrainConfig {
             piece_starts: 0.0,
             one_piece_windows: 0.0,
             window_bars: false,
+            openings_by_piece: false,
         }
     }
 }
