@@ -13,7 +13,7 @@
 # corpus plus REPRISE made-up pieces in which a training tune comes back ~1,000 tokens
 # later, scripts/form/recall-probe.py --training-pieces; data in $OUT/recall);
 # openings2048 (starts2048 with the pieces entered at their BOS drawn per piece, not in
-# proportion to length: scripts/form/openings.toml).
+# proportion to length: scripts/shipped-stage2.toml, stage 2 of the model shipped 2026-12-06).
 # INIT: the weights every row starts from (default models/cadenza-small; the rows of
 # 2026-12-04/05 started from stage 1, the model shipped on 2026-12-04: INIT=runs/stage1-model
 # after scripts/train-shipped-stage2.sh has written it from git).
@@ -47,9 +47,9 @@ for row in "${rows[@]}"; do
         barsknown512) cfg=scripts/form/barsknown.toml; shape=(--seq-len 512 --batch 8) ;;
         ship2048) cfg=scripts/form/ship.toml; shape=(--seq-len 2048 --batch 2) ;;
         onepiece2048) cfg=scripts/form/onepiece.toml; shape=(--seq-len 2048 --batch 2) ;;
-        starts2048) cfg=scripts/shipped-stage2.toml; shape=(--seq-len 2048 --batch 2) ;;
-        openings2048) cfg=scripts/form/openings.toml; shape=(--seq-len 2048 --batch 2) ;;
-        reprise2048) cfg=scripts/shipped-stage2.toml; shape=(--seq-len 2048 --batch 2)
+        starts2048) cfg=scripts/form/starts2048.toml; shape=(--seq-len 2048 --batch 2) ;;
+        openings2048) cfg=scripts/shipped-stage2.toml; shape=(--seq-len 2048 --batch 2) ;;
+        reprise2048) cfg=scripts/form/starts2048.toml; shape=(--seq-len 2048 --batch 2)
             data=$OUT/recall/train
             [ -f "$data/manifest.json" ] ||
                 python3 scripts/form/recall-probe.py "$DATA" "$OUT/recall" --training-pieces "$REPRISE" ;;

@@ -70,7 +70,10 @@ def stage_note(cfg):
 
 def starts_note(t):
     share = t.get("piece_starts", 0)
-    return f", {share * 100:.0f}% of the windows from a piece's start" if share else ""
+    note = f", {share * 100:.0f}% of the windows from a piece's start" if share else ""
+    if t.get("openings_by_piece"):
+        note += ", the pieces entered at their start drawn per piece, not per token"
+    return note
 
 
 def attention_row(m):
@@ -212,6 +215,19 @@ where it begins, {top1('entry_pitch')} on that bar's first pitch), against
 A context gain near 1.0 means the past beyond the local heads' 512 tokens is
 worth nothing to this model yet: the FAVOR+ heads carry the nearer past (zeroing
 them costs loss), not the far one.
+"""
+    unprompted = os.path.join(d, "unprompted.md")
+    if os.path.exists(unprompted):
+        # the summary of scripts/form/unprompted.sh, less its heading line
+        body = open(unprompted).read().strip().split("\n", 1)[1].strip()
+        out += f"""
+Unprompted pieces: 64 of 3,072 tokens (seed 7, `generate`'s defaults), their
+bar similarity t bars apart (L_t) against the 194 held-out folk tunes of at
+least 24 bars; the issue's target is 0.75x-1.33x of the tunes' at each lag.
+`bash scripts/form/unprompted.sh models/cadenza-small OUT` (summary copied to
+`docs/shipped/form/unprompted.md`):
+
+{body}
 """
     return out
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Stage 2 of the shipped model: 1,500 steps of 2 x 2,048 tokens from the stage-1 model
 # (8,200 steps of 8 x 512: scripts/train-shipped.sh with scripts/shipped-music.toml, shipped
-# on 2026-12-04), half the windows beginning at a piece's start (scripts/shipped-stage2.toml),
-# lr 3e-4 cosine to 3e-5. Usage:
+# on 2026-12-04), half the windows beginning at a piece's start and the pieces entered at
+# their start drawn per piece, not per token (scripts/shipped-stage2.toml), lr 3e-4 cosine
+# to 3e-5. Usage:
 #   bash scripts/train-shipped-stage2.sh [STAGE1] [RUN_DIR]
 # STAGE1: the stage-1 run or model folder (default runs/stage1-model, written from git when
 # missing: the weights of models/cadenza-small at commit d9af599, the last commit before
