@@ -51,10 +51,11 @@ target/release/examples/phrase_limits $model/vocab.json 0 out/gen > $out/phrases
   echo "## Repeated phrases"
   echo
   echo "Melodic notes that end a phrase of N pitches their instrument has played R"
-  echo "times already within its previous 256 notes (\`examples/phrase_limits.rs\`)."
-  echo "The repetition guard masks such notes at N = 8, R = 8, so that row is 0 unless"
-  echo "the guard is off; in 1,500 real classical and folk pieces it is 0.216% of the"
-  echo "notes (0.9% of the pieces), in 8 pieces sampled with the rule off 7.6%."
+  echo "times already within its previous W notes (\`examples/phrase_limits.rs\`)."
+  echo "The repetition guard masks such notes at W = 256, N = 8, R = 8 and at W = 512,"
+  echo "N = 16, R = 4, so those rows are 0 unless the guard is off; in 1,500 real"
+  echo "classical and folk pieces they are 0.216% of the notes (0.9% of the pieces)"
+  echo "and 0.25% (1.9%), in 8 pieces sampled with the first rule off 7.6%."
   echo
   cat $out/phrases-generated.md
   echo
