@@ -265,17 +265,19 @@ impl GuardState {
                 out.push(pitch);
             }
         }
-        if cfg.max_phrase_repeats > 0 {
-            let counts = m.phrase_counts();
-            out.extend(
-                (0..128u8).filter(|&x| counts[x as usize] as usize >= cfg.max_phrase_repeats),
-            );
-        }
-        if cfg.max_long_phrase_repeats > 0 {
-            let counts = m.long_phrase_counts();
-            out.extend(
-                (0..128u8).filter(|&x| counts[x as usize] as usize >= cfg.max_long_phrase_repeats),
-            );
+        let rules = [
+            (cfg.max_phrase_repeats, PHRASE_NOTES, PHRASE_WINDOW),
+            (
+                cfg.max_long_phrase_repeats,
+                LONG_PHRASE_NOTES,
+                LONG_PHRASE_WINDOW,
+            ),
+        ];
+        for (limit, notes, window) in rules {
+            if limit > 0 {
+                let counts = m.counts(notes, window);
+                out.extend((0..128u8).filter(|&x| counts[x as usize] as usize >= limit));
+            }
         }
         out
     }
@@ -525,8 +527,8 @@ mod tests {
     }
 
     /// The phrase counts of a whole history, found the slow way: per pitch
-    /// x, the occurrences of the last PHRASE_NOTES - 1 pitches followed by
-    /// x that lie within the last PHRASE_WINDOW notes.
+    /// x, the occurrences of the last `notes - 1` pitches followed by x that
+    /// lie within the last `window` notes.
     fn brute_counts(history: &[u8], notes: usize, window: usize) -> [u16; 128] {
         let mut counts = [0u16; 128];
         let n = history.len();

@@ -7,6 +7,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::tokenizer::dataset::Dataset;
 use crate::tokenizer::{TokenType, Vocab, BAR_ID, PAD_ID};
+use crate::train::config::TrainConfig;
 
 /// One piece's ids (BOS ... EOS) and the offsets where its bars start.
 pub struct PieceTokens {
@@ -134,6 +135,15 @@ impl<'a> Batcher<'a> {
         }
     }
 
+    /// The batcher of a training configuration: its seed, transposition and window
+    /// draws (`piece_starts`, `one_piece_windows`, `openings_by_piece`).
+    pub fn for_config(pieces: &'a [PieceTokens], vocab: &'a Vocab, tc: &TrainConfig) -> Self {
+        Batcher::new(pieces, vocab, tc.seed, tc.transpose)
+            .with_piece_starts(tc.piece_starts)
+            .with_one_piece_windows(tc.one_piece_windows)
+            .with_openings_by_piece(tc.openings_by_piece)
+    }
+
     /// The batcher that draws the pieces a window enters at their start (its BOS),
     /// the window's first piece under `piece_starts` and every piece it runs on
     /// into, uniformly over the pieces instead of in proportion to their length.
@@ -234,6 +244,8 @@ impl<'a> Batcher<'a> {
             Some(found) => found,
             None if self.openings_by_piece => {
                 // the coin first: an opening is drawn per piece, a bar line per token
+                // (the arm below keeps the old order of draws, so that runs without
+                // the flag see the batches they always saw)
                 let at_start = self.piece_starts > 0.0 && rng.gen::<f64>() < self.piece_starts;
                 if at_start {
                     (self.pick_opening(rng), 0)

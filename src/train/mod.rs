@@ -522,10 +522,7 @@ pub fn export_probe(o: &TrainOptions, out: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let split = data::split(&ds, tc.seed, tc.val_fraction);
-    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose)
-        .with_piece_starts(tc.piece_starts)
-        .with_one_piece_windows(tc.one_piece_windows)
-        .with_openings_by_piece(tc.openings_by_piece);
+    let batcher = data::Batcher::for_config(&split.train, &vocab, tc);
     let mut train = Vec::with_capacity(steps as usize * tc.batch as usize * window * 4);
     for step in 0..steps {
         for id in batcher.batch(step, tc.batch as usize, window) {
@@ -864,10 +861,7 @@ pub fn train(o: &TrainOptions) -> Result<TrainSummary> {
             data_path.display()
         );
     }
-    let batcher = data::Batcher::new(&split.train, &vocab, tc.seed, tc.transpose)
-        .with_piece_starts(tc.piece_starts)
-        .with_one_piece_windows(tc.one_piece_windows)
-        .with_openings_by_piece(tc.openings_by_piece);
+    let batcher = data::Batcher::for_config(&split.train, &vocab, &tc);
     let window = tc.seq_len as usize + 1;
     let (val_windows, val_bars): (Vec<Vec<u32>>, Vec<i64>) =
         data::validation_windows_with_bars(&split.val, window, tc.val_windows)
