@@ -214,7 +214,13 @@ where it begins, {top1('entry_pitch')} on that bar's first pitch), against
         out += """
 A context gain near 1.0 means the past beyond the local heads' 512 tokens is
 worth nothing to this model yet: the FAVOR+ heads carry the nearer past (zeroing
-them costs loss), not the far one.
+them costs loss), not the far one. A made-up copy task says why (docs/learning.md,
+"Can FAVOR+ heads copy from beyond the local window?"): a segment played again 600
+random notes later is copied by softmax heads that see it (NLL 0.28 against 3.47
+for a guess) and not at all by FAVOR+ heads, with 64, 256 or 2,048 features, with
+or without SPE, with a short convolution; positive random features cannot form an
+attention peak sharp enough to pick one token out of hundreds
+(`scripts/form/favor-sharpness.py`).
 """
     unprompted = os.path.join(d, "unprompted.md")
     if os.path.exists(unprompted):
