@@ -967,6 +967,24 @@ fn init_carries_the_weights_into_a_musical_rope_run_that_generates() {
     );
     let uniform = (vocab.len() as f64).ln();
     assert!(vb < 0.6 * uniform, "{vb} against uniform {uniform}");
+    // a's weights into a model that adds a write gate to its FAVOR+ heads (whose zero
+    // start is the ungated model): it starts where a ended too
+    let gate = tmp.path().join("gate.toml");
+    let text = std::fs::read_to_string(&still).unwrap();
+    std::fs::write(
+        &gate,
+        text.replace("[model]\n", "[model]\nfavor_write_gate = true\n"),
+    )
+    .unwrap();
+    let mut g = tiny_opts(&tmp.path().join("g"), &data, 1);
+    g.config_file = Some(gate);
+    g.init = Some(tmp.path().join("a"));
+    g.lr = Some(1e-9);
+    let vg = train::train(&g).unwrap().last_val_loss.unwrap();
+    assert!(
+        (va - vg).abs() < 0.02 * va,
+        "a ended at {va}, the gated run from it at {vg}"
+    );
     // the same run from fresh weights is far behind
     let mut c = tiny_opts(&tmp.path().join("c"), &data, 1);
     c.config_file = Some(still);

@@ -205,6 +205,8 @@ pub struct Attention {
     /// (3d, k) taps of the short causal convolution over the projected q, k, v
     /// (`ModelConfig::short_conv`); tap k-1 weighs the current token.
     pub conv: Option<Tensor>,
+    /// d -> H' logits of the FAVOR+ heads' write gate (`ModelConfig::favor_write_gate`).
+    pub write_gate: Option<nn::Linear>,
     local: Option<LocalHeads>,
     global: GlobalHeads,
     /// d_model, heads, head width.
@@ -261,6 +263,16 @@ impl Attention {
         });
         let qkv = linear(vs.sub("attn_qkv"), d, 3 * d, 0.02);
         let out = linear(vs.sub("attn_out"), d, d, residual_std(cfg));
+        // zero weights and bias (no draw from the generator): every gate 1/2, which the
+        // normalisation of the read cancels
+        let write_gate = cfg.favor_write_gate.then(|| {
+            let p = vs.sub("write_gate");
+            let heads = cfg.n_heads - cfg.local_heads;
+            nn::Linear {
+                ws: p.var("weight", &[heads, d], nn::Init::Const(0.0)),
+                bs: Some(p.var("bias", &[heads], nn::Init::Const(0.0))),
+            }
+        });
         let local = (cfg.local_heads > 0).then_some(LocalHeads {
             heads: cfg.local_heads,
             window: cfg.local_window,
@@ -278,6 +290,7 @@ impl Attention {
             out,
             gate,
             conv,
+            write_gate,
             local,
             global,
             dims: (d, cfg.n_heads, cfg.head_dim()),
@@ -389,8 +402,19 @@ impl Attention {
             lh.forward(lq, lk, lv, ring, self.kind()) // (B, hl, L, hd)
         });
         let global = state.map(|s| &mut s.heads);
-        let att = self.global_heads(&heads, local, noise, global, step); // (B, L, H, hd)
+        let write = self.write_gates(x); // (B, H', L)
+        let att = self.global_heads(&heads, local, write.as_ref(), noise, global, step); // (B, L, H, hd)
         dense(&att.reshape([b, l, d]), &self.out) // (B, L, d)
+    }
+
+    /// The write gates of the FAVOR+ heads for (B, L, d) normalized rows: (B, H', L) in
+    /// (0, 1), f32; None without a write gate.
+    fn write_gates(&self, x: &Tensor) -> Option<Tensor> {
+        self.write_gate.as_ref().map(|w| {
+            as_kind(&dense(x, w), Kind::Float)
+                .sigmoid()
+                .permute([0, 2, 1])
+        })
     }
 
     /// (B, L, d) -> (B, L, 3d) projected q, k, v, through the short convolution when the
@@ -474,6 +498,7 @@ impl Attention {
         &self,
         heads: &Heads,
         local: Option<Tensor>,
+        write: Option<&Tensor>,
         noise: &LayerNoise,
         state: Option<&mut GlobalState>,
         step: bool,
@@ -487,10 +512,14 @@ impl Attention {
             GlobalHeads::Favor(fh) => {
                 let feats = noise.features.expect("FAVOR+ features for every layer");
                 let out = match state {
-                    Some(GlobalState::Favor { s, z }) if step => fh.step(q, k, v, feats, s, z),
-                    Some(GlobalState::Favor { s, z }) => fh.forward(q, k, v, feats, Some((s, z))),
+                    Some(GlobalState::Favor { s, z }) if step => {
+                        fh.step(q, k, v, write, feats, s, z)
+                    }
+                    Some(GlobalState::Favor { s, z }) => {
+                        fh.forward(q, k, v, write, feats, Some((s, z)))
+                    }
                     Some(_) => unreachable!("state/attention mismatch"),
-                    None => fh.forward(q, k, v, feats, None),
+                    None => fh.forward(q, k, v, write, feats, None),
                 }; // (B, H', L, hd)
                 let out = as_kind(&out, kind).permute([0, 2, 1, 3]); // (B, L, H', hd)
                 match local {

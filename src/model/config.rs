@@ -382,6 +382,16 @@ pub struct ModelConfig {
         deserialize_with = "opt_int"
     )]
     pub musical_spe_bar: Option<i64>,
+    /// A write gate on the FAVOR+ heads (`write_gate.*`, d -> H' per layer, zero at
+    /// initialisation): each token's key features are scaled by g = sigmoid(w . x + b), one
+    /// per FAVOR+ head, so that S = sum g phi(k) v^T and z = sum g phi(k). A token whose
+    /// gate closes is not written into the state, and a read, normalised by z, averages over
+    /// the tokens written, not over every token of the past (docs/learning.md, "A write
+    /// gate"). A uniform gate changes nothing (the normalisation cancels it): a new gate
+    /// starts as the ungated heads. The state stays constant per token. false (the configs
+    /// written before it): no gate.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub favor_write_gate: bool,
 }
 
 /// Musical time in the RoPE of the local heads (`local_position = "rope"`): of the
@@ -533,6 +543,7 @@ impl ModelConfig {
             bar_embedding: None,
             musical_spe: false,
             musical_spe_bar: None,
+            favor_write_gate: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -758,6 +769,9 @@ impl ModelConfig {
             let qk = u(self.qk_dim()).max(hd);
             per_layer += heads * u(*features) * qk;
         }
+        if self.favor_write_gate {
+            per_layer += (d + 1) * heads.saturating_sub(u(self.local_heads));
+        }
         let head = if self.tie_embeddings { 0 } else { v * d + v };
         v * d + head + 2 * d + layers * per_layer
     }
@@ -810,6 +824,15 @@ impl ModelConfig {
             );
         }
         self.validate_local_heads()?;
+        if self.favor_write_gate
+            && !(matches!(self.attention, AttentionKind::Favor { .. })
+                && self.local_heads < self.n_heads)
+        {
+            bail!(
+                "model config: favor_write_gate gates what the FAVOR+ heads write; it needs \
+                 FAVOR+ attention and fewer local_heads than n_heads"
+            );
+        }
         match &self.positional {
             PositionalEncoding::SpeSine {
                 sines,

@@ -11,6 +11,10 @@
 //! * The host step ([`host_favor_step`]) is the same math as the SPE filter, the feature
 //!   map and [`recurrent_step`], in f32, summed in another order.
 
+// `a = a * b` is deliberate: tch's `*=` is an in-place product, which would write into
+// tensors that autograd still holds (the feature map keeps its output for its backward).
+#![allow(clippy::assign_op_pattern)]
+
 use tch::{Kind, Tensor};
 
 use crate::model::cpu_f32;
@@ -30,28 +34,39 @@ pub struct FavorHeads {
 }
 
 impl FavorHeads {
-    /// The feature maps of q, k (B, H', L, dk) scaled by dk^-1/4, and v (B, H', L, Dv), in f32.
-    fn features(q: &Tensor, k: &Tensor, v: &Tensor, feats: &FavorFeatures) -> [Tensor; 3] {
+    /// The feature maps of q, k (B, H', L, dk) scaled by dk^-1/4, the keys' weighed by
+    /// their `write` gates (B, H', L) when there are some, and v (B, H', L, Dv), in f32.
+    fn features(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        write: Option<&Tensor>,
+        feats: &FavorFeatures,
+    ) -> [Tensor; 3] {
         let dk = q.size()[3];
         let sc = (dk as f64).powf(-0.25);
         let pq = feats.scaled_features(q, sc, true); // (B, H', L, M)
-        let pk = feats.scaled_features(k, sc, false); // (B, H', L, M)
+        let mut pk = feats.scaled_features(k, sc, false); // (B, H', L, M)
+        if let Some(g) = write {
+            pk = pk * g.unsqueeze(-1); // (B, H', L, M)
+        }
         let vf = crate::model::as_kind(v, Kind::Float); // (B, H', L, Dv)
         [pq, pk, vf]
     }
 
-    /// Causal linear attention of q, k (B, H', L, dk) and v (B, H', L, Dv) ->
-    /// (B, H', L, Dv) f32. With a `state` (s (B, H', M, Dv), z (B, H', M)) the sums start
+    /// Causal linear attention of q, k (B, H', L, dk) and v (B, H', L, Dv), the keys
+    /// written with weights `write` (B, H', L) when given, -> (B, H', L, Dv) f32. With a `state` (s (B, H', M, Dv), z (B, H', M)) the sums start
     /// from it, and it is replaced by the sums after the last position.
     pub fn forward(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        write: Option<&Tensor>,
         feats: &FavorFeatures,
         state: Option<(&mut Tensor, &mut Tensor)>,
     ) -> Tensor {
-        let [pq, pk, vf] = Self::features(q, k, v, feats);
+        let [pq, pk, vf] = Self::features(q, k, v, write, feats);
         match state {
             Some((s, z)) => {
                 let (o, s2, z2) =
@@ -64,18 +79,21 @@ impl FavorHeads {
         } // (B, H', L, Dv)
     }
 
-    /// One position: q, k (B, H', 1, dk), v (B, H', 1, Dv) -> (B, H', 1, Dv) f32, the
-    /// recurrence on s (B, H', M, Dv) and z (B, H', M), which it replaces.
+    /// One position: q, k (B, H', 1, dk), v (B, H', 1, Dv), `write` gates (B, H', 1) ->
+    /// (B, H', 1, Dv) f32, the recurrence on s (B, H', M, Dv) and z (B, H', M), which it
+    /// replaces.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
+        write: Option<&Tensor>,
         feats: &FavorFeatures,
         s: &mut Tensor,
         z: &mut Tensor,
     ) -> Tensor {
-        let [pq, pk, vf] = Self::features(q, k, v, feats);
+        let [pq, pk, vf] = Self::features(q, k, v, write, feats);
         let (o, s2, z2) = recurrent_step(
             &pq.squeeze_dim(2), // (B, H', M)
             &pk.squeeze_dim(2), // (B, H', M)
@@ -116,7 +134,8 @@ impl std::fmt::Debug for HostFavor {
 /// [`recurrent_step`], in f32, summed in another order. `qkv` is the layer's projection for
 /// this position, (B, 3 * H * D) rows; `codes` are this position's (qbar, kbar) of the
 /// FAVOR+ heads, each (H', D, R): one per sequence (SPE in musical time) or one for all of
-/// them. The state s (B, H', M, D) and z (B, H', M) is updated in place
+/// them. `write`: the write gates (B, H') of this position, with a write gate. The state
+/// s (B, H', M, D) and z (B, H', M) is updated in place
 /// (made contiguous first if it is not). Returns the outputs (B, H', D).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn host_favor_step(
@@ -128,6 +147,7 @@ pub(crate) fn host_favor_step(
     host: &HostFavor,
     layer: usize,
     codes: &[(Vec<f32>, Vec<f32>)],
+    write: Option<&[f32]>,
     s: &mut Tensor,
     z: &mut Tensor,
 ) -> Vec<f32> {
@@ -136,6 +156,10 @@ pub(crate) fn host_favor_step(
     assert!(
         codes.len() == 1 || codes.len() == batch,
         "one SPE code per sequence, or one for all"
+    );
+    assert!(
+        write.is_none_or(|g| g.len() == batch * hf),
+        "one write gate per sequence and FAVOR+ head"
     );
     let feats = &host.features[layer];
     let m = feats.num_features();
@@ -190,6 +214,9 @@ pub(crate) fn host_favor_step(
             feats.phi(&xq, true, &mut pq);
             feats.phi(&xk, false, &mut pk);
             let st = b * hf + j;
+            if let Some(g) = write {
+                pk.iter_mut().for_each(|p| *p *= g[st]);
+            }
             host_recurrent_step(
                 &pq,
                 &pk,
@@ -201,4 +228,66 @@ pub(crate) fn host_favor_step(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn a_closed_write_gate_leaves_the_token_out_of_every_later_read() {
+        tch::manual_seed(3);
+        let (b, h, l, dk) = (1, 2, 9, 8);
+        let feats = FavorFeatures::draw(16, dk, false, Device::Cpu);
+        let heads = FavorHeads {
+            chunk: 4,
+            features: 16,
+        };
+        let q = Tensor::randn([b, h, l, dk], (Kind::Float, Device::Cpu));
+        let k = Tensor::randn([b, h, l, dk], (Kind::Float, Device::Cpu));
+        let v = Tensor::randn([b, h, l, dk], (Kind::Float, Device::Cpu));
+        // positions 2 and 5 closed, the others open
+        let open: Vec<f32> = (0..l)
+            .map(|i| if i == 2 || i == 5 { 0.0 } else { 1.0 })
+            .collect();
+        let g = Tensor::from_slice(&open)
+            .view([1, 1, l])
+            .expand([b, h, l], true);
+        let gated = heads.forward(&q, &k, &v, Some(&g), &feats, None);
+        // the same reads over the open positions only, by the definition
+        let sc = (dk as f64).powf(-0.25);
+        let pq = feats.scaled_features(&q, sc, true);
+        let pk = feats.scaled_features(&k, sc, false);
+        for i in 0..l {
+            let kept: Vec<i64> = (0..=i).filter(|&j| open[j as usize] == 1.0).collect();
+            let idx = Tensor::from_slice(&kept);
+            let w = pq
+                .narrow(2, i, 1)
+                .matmul(&pk.index_select(2, &idx).transpose(-1, -2)); // (B, H, 1, n)
+            let want = w.matmul(&v.index_select(2, &idx))
+                / (w.sum_dim_intlist([-1i64].as_slice(), true, None) + crate::model::favor::EPS);
+            let got = gated.narrow(2, i, 1);
+            let e = (&got - &want).abs().max().double_value(&[]);
+            assert!(e < 1e-4, "position {i}: {e}");
+        }
+        // and the recurrence agrees, step by step
+        let s_m = 16;
+        let mut s = Tensor::zeros([b, h, s_m, dk], (Kind::Float, Device::Cpu));
+        let mut z = Tensor::zeros([b, h, s_m], (Kind::Float, Device::Cpu));
+        for i in 0..l {
+            let at = |t: &Tensor| t.narrow(2, i, 1);
+            let o = heads.step(
+                &at(&q),
+                &at(&k),
+                &at(&v),
+                Some(&at(&g)),
+                &feats,
+                &mut s,
+                &mut z,
+            );
+            let e = (&o - gated.narrow(2, i, 1)).abs().max().double_value(&[]);
+            assert!(e < 1e-4, "step {i}: {e}");
+        }
+    }
 }

@@ -84,6 +84,8 @@ pub(crate) struct HostLayer {
     pub norm2: HostNorm,
     pub ff1: HostLinear,
     pub ff2: HostLinear,
+    /// The FAVOR+ heads' write gate (d -> H' logits), with one.
+    pub write_gate: Option<HostLinear>,
 }
 
 impl StepCache {

@@ -95,6 +95,17 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_window = 4;
     c.local_position = LocalPosition::Rope;
     out.push(("spe-sine gated per-layer antithetic, 1 rope local head", c));
+    // the FAVOR+ heads' write gate, in the host step (RoPE local heads, SineSPE) and in
+    // libtorch's (ConvSPE)
+    let mut c = with("spe-sine");
+    c.local_heads = 2;
+    c.local_window = 6;
+    c.local_position = LocalPosition::Rope;
+    c.favor_write_gate = true;
+    out.push(("spe-sine write gate, 2 rope local heads window 6", c));
+    let mut c = with("spe-conv");
+    c.favor_write_gate = true;
+    out.push(("spe-conv write gate", c));
     // the host step's tied heads: the scaled legacy form (logits x E^T d^-1/2)
     let mut c = with("spe-sine");
     c.tie_embeddings = true;
@@ -195,7 +206,11 @@ fn build(cfg: &ModelConfig, seed: i64) -> (nn::VarStore, Transformer) {
     tch::no_grad(|| {
         for (name, mut t) in vs.variables() {
             // the bar embedding starts at zero, which would hide it too
-            if name.contains("qkv_conv") || name.contains("bar_embed") {
+            // (and a write gate at zero gives every token the same weight)
+            if name.contains("qkv_conv")
+                || name.contains("bar_embed")
+                || name.contains("write_gate")
+            {
                 t.copy_(&(Tensor::randn_like(&t) * 0.5));
             }
         }
@@ -1038,13 +1053,23 @@ fn favor_heads_step_over_a_sequence_is_their_forward() {
         Tensor::randn([b, h, l, d], f),
         Tensor::randn([b, h, l, 5], f),
     );
-    let whole = heads.forward(&q, &k, &v, &feats, None);
+    // (with write gates, which every form must weigh alike)
+    let g = Tensor::rand([b, h, l], f);
+    let whole = heads.forward(&q, &k, &v, Some(&g), &feats, None);
     let m = feats.num_features();
     let (mut s, mut z) = (Tensor::zeros([b, h, m, 5], f), Tensor::zeros([b, h, m], f));
     let outs: Vec<Tensor> = (0..l)
         .map(|p| {
             let at = |t: &Tensor| t.narrow(2, p, 1);
-            heads.step(&at(&q), &at(&k), &at(&v), &feats, &mut s, &mut z)
+            heads.step(
+                &at(&q),
+                &at(&k),
+                &at(&v),
+                Some(&at(&g)),
+                &feats,
+                &mut s,
+                &mut z,
+            )
         })
         .collect();
     let e = rel(&Tensor::cat(&outs, 2), &whole);
@@ -1055,6 +1080,7 @@ fn favor_heads_step_over_a_sequence_is_their_forward() {
         &q.narrow(2, 0, 4),
         &k.narrow(2, 0, 4),
         &v.narrow(2, 0, 4),
+        Some(&g.narrow(2, 0, 4)),
         &feats,
         Some((&mut s2, &mut z2)),
     );
@@ -1062,6 +1088,7 @@ fn favor_heads_step_over_a_sequence_is_their_forward() {
         &q.narrow(2, 4, l - 4),
         &k.narrow(2, 4, l - 4),
         &v.narrow(2, 4, l - 4),
+        Some(&g.narrow(2, 4, l - 4)),
         &feats,
         Some((&mut s2, &mut z2)),
     );
@@ -1384,4 +1411,35 @@ fn a_known_bar_index_is_the_state_with_that_index() {
         let differ = rows.abs().max().double_value(&[]) > 1e-5;
         assert_eq!(differ, cfg.bar_embedding > Some(2), "{name}");
     }
+}
+
+#[test]
+fn a_new_write_gate_changes_nothing_and_a_trained_one_does() {
+    // zero weights make every gate 1/2, which the read's normalisation cancels; the gate
+    // draws nothing at initialisation, so the rest of the model is the same
+    let mut plain = variant("spe-sine write gate, 2 rope local heads window 6");
+    plain.favor_write_gate = false;
+    let mut gated = plain.clone();
+    gated.favor_write_gate = true;
+    tch::manual_seed(11);
+    let vs_a = nn::VarStore::new(Device::Cpu);
+    let mut a = Transformer::new(&vs_a.root(), &plain).unwrap();
+    tch::manual_seed(11);
+    let vs_b = nn::VarStore::new(Device::Cpu);
+    let mut b = Transformer::new(&vs_b.root(), &gated).unwrap();
+    a.freeze(5);
+    b.freeze(5);
+    let toks = tokens(2, 40, 4);
+    let (la, lb) = (a.forward_t(&toks, 0, false), b.forward_t(&toks, 0, false));
+    assert!(rel(&lb, &la) < 1e-5, "{}", rel(&lb, &la));
+    // gates that differ by token do change the outputs
+    tch::no_grad(|| {
+        for (name, mut t) in vs_b.variables() {
+            if name.contains("write_gate.weight") {
+                t.copy_(&(Tensor::randn_like(&t) * 0.5));
+            }
+        }
+    });
+    let lc = b.forward_t(&toks, 0, false);
+    assert!(rel(&lc, &la) > 1e-3, "{}", rel(&lc, &la));
 }

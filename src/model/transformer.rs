@@ -526,6 +526,7 @@ impl Transformer {
                     norm2: HostNorm::of(&b.norm2, NORM_EPS),
                     ff1: HostLinear::of(&b.mlp.ff1, bf16),
                     ff2: HostLinear::of(&b.mlp.ff2, bf16),
+                    write_gate: b.attn.write_gate.as_ref().map(|w| HostLinear::of(w, bf16)),
                 })
                 .collect(),
             final_norm: HostNorm::of(&self.head.norm, NORM_EPS),
@@ -707,7 +708,14 @@ impl Transformer {
         };
         let add = |x: &mut [f32], y: &[f32]| x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
         for (i, layer) in hs.layers.iter().enumerate() {
-            let qkv = layer.qkv.apply(&layer.norm1.apply(&x), b);
+            let normed = layer.norm1.apply(&x);
+            let qkv = layer.qkv.apply(&normed, b);
+            // (B, H') gates of what the FAVOR+ heads write, with a write gate
+            let write = layer.write_gate.as_ref().map(|w| {
+                let mut g = w.apply(&normed, b);
+                g.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp()));
+                g
+            });
             // (B, H, D): the local heads, then the FAVOR+ ones
             let mut att = vec![0f32; b * d];
             if hl > 0 {
@@ -724,7 +732,19 @@ impl Transformer {
                 unreachable!("a host step is for FAVOR+ models")
             };
             let code = &codes[if codes.len() == 1 { 0 } else { i }];
-            let favor = host_favor_step(&qkv, b, hl, h, hd, &hs.favor, i, code, s, z);
+            let favor = host_favor_step(
+                &qkv,
+                b,
+                hl,
+                h,
+                hd,
+                &hs.favor,
+                i,
+                code,
+                write.as_deref(),
+                s,
+                z,
+            );
             for (a, f) in att
                 .chunks_exact_mut(d)
                 .zip(favor.chunks_exact((h - hl) * hd))

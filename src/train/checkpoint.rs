@@ -372,7 +372,7 @@ pub fn check_weights_lacking(
     let have: std::collections::BTreeSet<&String> = file.iter().map(|(n, _, _)| n).collect();
     if let Some(missing) = expected
         .keys()
-        .find(|n| !have.contains(n) && !may_lack.contains(&n.as_str()))
+        .find(|n| !have.contains(n) && !may_lack.iter().any(|m| lacks_by_name(n, m)))
     {
         bail!(
             "{}: tensor {missing} of the model described by {} is missing",
@@ -381,6 +381,16 @@ pub fn check_weights_lacking(
         );
     }
     Ok(())
+}
+
+/// Whether tensor `name` is the one `may_lack` names: the same name, or a layer's
+/// (`layers.{i}.` then `may_lack`).
+fn lacks_by_name(name: &str, may_lack: &str) -> bool {
+    name == may_lack
+        || name
+            .strip_prefix("layers.")
+            .and_then(|r| r.split_once('.'))
+            .is_some_and(|(i, rest)| i.parse::<u64>().is_ok() && rest == may_lack)
 }
 
 /// Refuses weights with NaN or infinite values, naming the tensor.
@@ -691,4 +701,38 @@ pub fn load_training_projections(dir: &Path, model: &mut Transformer) -> Result<
     model
         .set_training_projections(&tensors)
         .with_context(|| format!("{}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lacks_by_name;
+
+    #[test]
+    fn a_layer_tensor_may_be_lacked_in_every_layer_and_nothing_else() {
+        assert!(lacks_by_name("bar_embed.weight", "bar_embed.weight"));
+        assert!(lacks_by_name(
+            "layers.0.write_gate.weight",
+            "write_gate.weight"
+        ));
+        assert!(lacks_by_name(
+            "layers.12.write_gate.bias",
+            "write_gate.bias"
+        ));
+        assert!(!lacks_by_name(
+            "layers.0.write_gate.bias",
+            "write_gate.weight"
+        ));
+        assert!(!lacks_by_name(
+            "layers.x.write_gate.weight",
+            "write_gate.weight"
+        ));
+        assert!(!lacks_by_name(
+            "other.write_gate.weight",
+            "write_gate.weight"
+        ));
+        assert!(!lacks_by_name(
+            "layers.0.attn_qkv.weight",
+            "write_gate.weight"
+        ));
+    }
 }

@@ -239,8 +239,9 @@ fn resolve_config(o: &TrainOptions, vocab: &Vocab) -> Result<RunConfig> {
 }
 
 /// The tensors a model may add to the one it is initialised from (`--init`): tables that
-/// start at zero, so that the new model first computes what the old one did.
-const INIT_MAY_LACK: &[&str] = &["bar_embed.weight"];
+/// start at zero, so that the new model first computes what the old one did (a name
+/// without a layer stands for that tensor of every layer: `layers.{i}.write_gate.weight`).
+const INIT_MAY_LACK: &[&str] = &["bar_embed.weight", "write_gate.weight", "write_gate.bias"];
 
 /// Copies the weights of the trained model `init` (a run or model folder) into `vs`,
 /// refusing a model of another vocabulary or other parameter shapes. Only the weights
