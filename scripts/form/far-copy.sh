@@ -5,7 +5,7 @@
 # past and with the last 128 tokens only (the first A out of reach).
 # Usage: [STEPS=2000] [OUT=runs/far-copy] [GAP=600] bash scripts/form/far-copy.sh [ROW ...]
 # (GAP: random pitches between the two A; the data is made once per OUT.)
-# ROW: base favor256 noredraw nospe shortconv shortconv256 favor2048-nospe wide-local gate gate256 (scripts/form/far-copy/ROW.toml); all by
+# ROW: base favor256 noredraw nospe shortconv shortconv256 favor2048-nospe wide-local gate gate256 taylor taylor-nospe taylor-rope softmax-nope (scripts/form/far-copy/ROW.toml); all by
 # default. Each row: OUT/ROW (the run), OUT/ROW.json (the eval report); then the table.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,7 +16,7 @@ GAP=${GAP:-600}
 SEG=24
 BIN=${BIN:-target/release/cadenza}
 ROWS=("$@")
-[ ${#ROWS[@]} -gt 0 ] || ROWS=(base favor256 noredraw nospe shortconv shortconv256 favor2048-nospe wide-local gate gate256)
+[ ${#ROWS[@]} -gt 0 ] || ROWS=(base favor256 noredraw nospe shortconv shortconv256 favor2048-nospe wide-local gate gate256 taylor taylor-nospe taylor-rope softmax-nope)
 [ -x "$BIN" ] || cargo build --release --quiet
 [ -d "$OUT/data/valid" ] || python3 scripts/form/far-copy.py vocab/remi-compact.json "$OUT/data" --seg $SEG --gap "$GAP"
 for row in "${ROWS[@]}"; do

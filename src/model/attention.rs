@@ -27,9 +27,9 @@ use tch::{nn, Kind, Tensor};
 
 use crate::model::clock::ClockState;
 use crate::model::config::MusicalRope;
-use crate::model::config::{AttentionKind, LocalPosition, ModelConfig, PositionalEncoding};
+use crate::model::config::{LocalPosition, ModelConfig, PositionalEncoding};
 use crate::model::favor::FavorFeatures;
-use crate::model::favor_heads::FavorHeads;
+use crate::model::favor_heads::{FavorHeads, FeatureMap};
 use crate::model::local::{host_step_ok, window_attention, KvRing, LocalHeads, UNBOUNDED};
 use crate::model::precision::dense;
 use crate::model::rope::{
@@ -191,6 +191,10 @@ struct Heads {
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    /// The global heads' write gates (B, H', L), with a write gate.
+    write: Option<Tensor>,
+    /// The RoPE tables of the Taylor map's projections ((L, n) each), with `taylor_rope`.
+    turns: Option<(Tensor, Tensor)>,
 }
 
 /// The attention sublayer (see the module docs).
@@ -207,6 +211,11 @@ pub struct Attention {
     pub conv: Option<Tensor>,
     /// d -> H' logits of the FAVOR+ heads' write gate (`ModelConfig::favor_write_gate`).
     pub write_gate: Option<nn::Linear>,
+    /// With the Taylor map (`ModelConfig::taylor_dim` n): the query and key projections
+    /// `taylor_q`, `taylor_k`, (H', dk, n) each.
+    pub taylor: Option<(Tensor, Tensor)>,
+    /// RoPE on the Taylor map's projections (`ModelConfig::taylor_rope`).
+    taylor_rope: bool,
     local: Option<LocalHeads>,
     global: GlobalHeads,
     /// d_model, heads, head width.
@@ -278,19 +287,33 @@ impl Attention {
             window: cfg.local_window,
             dk: cfg.local_qk_dim(),
         });
-        let global = match &cfg.attention {
-            AttentionKind::Favor { features, .. } => GlobalHeads::Favor(FavorHeads {
+        let global = match cfg.linear_features() {
+            Some(features) => GlobalHeads::Favor(FavorHeads {
                 chunk: cfg.chunk_size,
-                features: *features,
+                features,
             }),
-            AttentionKind::Softmax => GlobalHeads::Softmax,
+            None => GlobalHeads::Softmax,
         };
+        // N(0, 1/dk): s = f_q . f_k starts at the scale of q . k / sqrt(dk)
+        let taylor = cfg.taylor_dim.map(|n| {
+            let (heads, dk) = (cfg.n_heads - cfg.local_heads, cfg.qk_dim());
+            let init = nn::Init::Randn {
+                mean: 0.0,
+                stdev: (dk as f64).powf(-0.5),
+            };
+            (
+                vs.var("taylor_q", &[heads, dk, n], init),
+                vs.var("taylor_k", &[heads, dk, n], init),
+            )
+        });
         Attention {
             qkv,
             out,
             gate,
             conv,
             write_gate,
+            taylor,
+            taylor_rope: cfg.taylor_rope,
             local,
             global,
             dims: (d, cfg.n_heads, cfg.head_dim()),
@@ -385,7 +408,16 @@ impl Attention {
                 .is_some_and(host_step_ok);
         // the layer's projections on the host, for the host ring step
         let rows = on_host.then(|| host_f32(&qkv));
-        let heads = self.position_heads(&qkv, b, l, noise, pos, on_host);
+        let mut heads = self.position_heads(&qkv, b, l, noise, pos, on_host);
+        heads.write = self.write_gates(x); // (B, H', L)
+                                           // the turns of the Taylor map's projections, on the token index
+        heads.turns = self
+            .taylor
+            .as_ref()
+            .filter(|_| self.taylor_rope)
+            .map(|(tq, _)| {
+                rope_tables(pos.offset, l, tq.size()[2], x.device()) // (L, n) each
+            });
         let local = self.local.map(|lh| {
             let ring = state.as_deref_mut().map(|s| {
                 s.window
@@ -402,8 +434,7 @@ impl Attention {
             lh.forward(lq, lk, lv, ring, self.kind()) // (B, hl, L, hd)
         });
         let global = state.map(|s| &mut s.heads);
-        let write = self.write_gates(x); // (B, H', L)
-        let att = self.global_heads(&heads, local, write.as_ref(), noise, global, step); // (B, L, H, hd)
+        let att = self.global_heads(&heads, local, noise, global, step); // (B, L, H, hd)
         dense(&att.reshape([b, l, d]), &self.out) // (B, L, d)
     }
 
@@ -489,6 +520,8 @@ impl Attention {
             q: qa,
             k: ka,
             v,
+            write: None,
+            turns: None,
         }
     }
 
@@ -498,7 +531,6 @@ impl Attention {
         &self,
         heads: &Heads,
         local: Option<Tensor>,
-        write: Option<&Tensor>,
         noise: &LayerNoise,
         state: Option<&mut GlobalState>,
         step: bool,
@@ -507,10 +539,16 @@ impl Attention {
         let hl = self.local.map_or(0, |l| l.heads);
         let kind = self.kind();
         let (q, k, v) = (&heads.q, &heads.k, &heads.v);
+        let (write, turns) = (heads.write.as_ref(), heads.turns.as_ref());
         match &self.global {
             GlobalHeads::Favor(_) if hl == h => local.expect("local heads").permute([0, 2, 1, 3]),
             GlobalHeads::Favor(fh) => {
-                let feats = noise.features.expect("FAVOR+ features for every layer");
+                let feats = match &self.taylor {
+                    Some((q, k)) => FeatureMap::Taylor { q, k, rope: turns },
+                    None => {
+                        FeatureMap::Favor(noise.features.expect("FAVOR+ features for every layer"))
+                    }
+                };
                 let out = match state {
                     Some(GlobalState::Favor { s, z }) if step => {
                         fh.step(q, k, v, write, feats, s, z)

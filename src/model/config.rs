@@ -28,6 +28,8 @@ pub mod bounds {
     pub const MAX_CHUNK: i64 = 65_536;
     /// Largest `bar_embedding` (bars a piece's embedding tells apart).
     pub const MAX_BAR_EMBEDDING: i64 = 4096;
+    /// Largest `taylor_dim` (1 + n + n^2 features per head).
+    pub const MAX_TAYLOR_DIM: i64 = 32;
     /// Largest `musical_spe_bar` (grid steps a bar counts on SineSPE's musical clock).
     pub const MAX_MUSICAL_SPE_BAR: i64 = 65_536;
     /// Largest `positional.sines`.
@@ -392,6 +394,26 @@ pub struct ModelConfig {
     /// written before it): no gate.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub favor_write_gate: bool,
+    /// The feature map of the linear-attention heads: None (the configs written before
+    /// it), FAVOR+'s positive random features; Some(n), the second-order Taylor map of exp
+    /// (Based, Arora et al. 2024) on queries and keys projected to n dims per head
+    /// (`taylor_q`, `taylor_k`, (H', dk, n)) and scaled by n^-1/4: phi(x) = [1, x,
+    /// vec(x x^T) / sqrt 2], 1 + n + n^2 features, so that phi(q) . phi(k) = 1 + s + s^2 / 2
+    /// with s = q . k / sqrt n, a positive kernel with no random draw, whose state grows
+    /// with n^2 (docs/learning.md, "The Taylor map inside cadenza"). `attention.features`
+    /// is then unused.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "opt_int"
+    )]
+    pub taylor_dim: Option<i64>,
+    /// RoPE on the Taylor map's projected queries and keys (`taylor_dim`, which it needs,
+    /// even), on the token index: s = f_q . f_k then depends on their lag as a RoPE
+    /// softmax logit does, and the kernel can single out one lag exactly, which SPE's few
+    /// sines cannot. false (the configs written before it): no rotation.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub taylor_rope: bool,
 }
 
 /// Musical time in the RoPE of the local heads (`local_position = "rope"`): of the
@@ -544,6 +566,8 @@ impl ModelConfig {
             musical_spe: false,
             musical_spe_bar: None,
             favor_write_gate: false,
+            taylor_dim: None,
+            taylor_rope: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -653,6 +677,16 @@ impl ModelConfig {
         self.positional
             .realizations()
             .unwrap_or_else(|| self.head_dim())
+    }
+
+    /// Features per linear-attention head, M: 1 + n + n^2 with the Taylor map
+    /// (`taylor_dim` n), FAVOR+'s random features otherwise; None without such heads.
+    pub fn linear_features(&self) -> Option<i64> {
+        match (&self.attention, self.taylor_dim) {
+            (AttentionKind::Favor { .. }, Some(n)) => Some(1 + n + n * n),
+            (AttentionKind::Favor { features, .. }, None) => Some(*features),
+            (AttentionKind::Softmax, _) => None,
+        }
     }
 
     /// Dimension of the local heads' queries and keys: the head dimension under RoPE, the
@@ -772,6 +806,10 @@ impl ModelConfig {
         if self.favor_write_gate {
             per_layer += (d + 1) * heads.saturating_sub(u(self.local_heads));
         }
+        if let Some(n) = self.taylor_dim {
+            let qk = u(self.qk_dim()).max(hd);
+            per_layer += 2 * heads * qk * u(n);
+        }
         let head = if self.tie_embeddings { 0 } else { v * d + v };
         v * d + head + 2 * d + layers * per_layer
     }
@@ -831,6 +869,23 @@ impl ModelConfig {
             bail!(
                 "model config: favor_write_gate gates what the FAVOR+ heads write; it needs \
                  FAVOR+ attention and fewer local_heads than n_heads"
+            );
+        }
+        if let Some(n) = self.taylor_dim {
+            within("taylor_dim", n, 1, MAX_TAYLOR_DIM)?;
+            if !(matches!(self.attention, AttentionKind::Favor { .. })
+                && self.local_heads < self.n_heads)
+            {
+                bail!(
+                    "model config: taylor_dim is the feature map of the linear-attention heads; \
+                     it needs attention kind \"favor\" and fewer local_heads than n_heads"
+                );
+            }
+        }
+        if self.taylor_rope && self.taylor_dim.is_none_or(|n| n % 2 != 0) {
+            bail!(
+                "model config: taylor_rope turns the Taylor map's projected queries and keys; \
+                 it needs an even taylor_dim"
             );
         }
         match &self.positional {

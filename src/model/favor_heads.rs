@@ -1,5 +1,6 @@
 //! The FAVOR+ heads of a layer: causal linear attention over the SPE-filtered (or plain)
-//! queries and keys, through positive random features (Performer).
+//! queries and keys, through positive random features (Performer), or through the
+//! second-order Taylor map of exp ([`FeatureMap::Taylor`], `ModelConfig::taylor_dim`).
 //!
 //! Invariants:
 //! * Queries and keys enter the feature map scaled by dk^-1/4 (dk = R with SPE, the head
@@ -23,6 +24,38 @@ use crate::model::favor::{
 };
 use crate::model::spe::{host_filter, HostSine};
 
+/// The feature map of a layer's linear heads, for one call.
+#[derive(Debug, Clone, Copy)]
+pub enum FeatureMap<'a> {
+    /// FAVOR+'s positive random features, drawn per layer.
+    Favor(&'a FavorFeatures),
+    /// The Taylor map on queries and keys projected by `q` and `k`, (H', dk, n) each, the
+    /// projections turned by the RoPE tables `rope` ((L, n) each) when given.
+    Taylor {
+        q: &'a Tensor,
+        k: &'a Tensor,
+        rope: Option<&'a (Tensor, Tensor)>,
+    },
+}
+
+/// The second-order Taylor map of exp of x (B, H', L, dk) projected by `proj` (H', dk, n),
+/// turned by the RoPE tables `rope` ((L, n) each, [`crate::model::rope::rope_tables`])
+/// when given, and scaled by n^-1/4: f = x proj n^-1/4, phi = [1, f, vec(f f^T) / sqrt 2],
+/// (B, H', L, 1 + n + n^2) f32, so that phi(q) . phi(k) = 1 + s + s^2 / 2 with s = f_q .
+/// f_k, which is at least 1/2: the read's denominator never comes near zero.
+pub fn taylor_features(x: &Tensor, proj: &Tensor, rope: Option<&(Tensor, Tensor)>) -> Tensor {
+    let n = proj.size()[2];
+    let mut f = crate::model::as_kind(x, Kind::Float)
+        .matmul(&crate::model::as_kind(proj, Kind::Float).unsqueeze(0))
+        * (n as f64).powf(-0.25); // (B, H', L, n)
+    if let Some(t) = rope {
+        f = crate::model::rope::apply_rope_libtorch(&f, t);
+    }
+    let outer =
+        (f.unsqueeze(-1) * f.unsqueeze(-2)).flatten(-2, -1) * std::f64::consts::FRAC_1_SQRT_2; // (B, H', L, n^2)
+    Tensor::cat(&[f.ones_like().narrow(-1, 0, 1), f, outer], -1)
+}
+
 /// The FAVOR+ heads of a layer (those after its local heads). They own no parameters:
 /// their projection is drawn per layer ([`FavorFeatures`]) and passed in per call.
 #[derive(Debug, Clone, Copy)]
@@ -34,19 +67,28 @@ pub struct FavorHeads {
 }
 
 impl FavorHeads {
-    /// The feature maps of q, k (B, H', L, dk) scaled by dk^-1/4, the keys' weighed by
-    /// their `write` gates (B, H', L) when there are some, and v (B, H', L, Dv), in f32.
+    /// The feature maps of q, k (B, H', L, dk) (FAVOR+'s of q and k scaled by dk^-1/4), the
+    /// keys' weighed by their `write` gates (B, H', L) when there are some, and v (B, H',
+    /// L, Dv), in f32.
     fn features(
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         write: Option<&Tensor>,
-        feats: &FavorFeatures,
+        map: FeatureMap,
     ) -> [Tensor; 3] {
-        let dk = q.size()[3];
-        let sc = (dk as f64).powf(-0.25);
-        let pq = feats.scaled_features(q, sc, true); // (B, H', L, M)
-        let mut pk = feats.scaled_features(k, sc, false); // (B, H', L, M)
+        let (pq, mut pk) = match map {
+            FeatureMap::Favor(feats) => {
+                let sc = (q.size()[3] as f64).powf(-0.25);
+                (
+                    feats.scaled_features(q, sc, true),  // (B, H', L, M)
+                    feats.scaled_features(k, sc, false), // (B, H', L, M)
+                )
+            }
+            FeatureMap::Taylor { q: tq, k: tk, rope } => {
+                (taylor_features(q, tq, rope), taylor_features(k, tk, rope))
+            }
+        };
         if let Some(g) = write {
             pk = pk * g.unsqueeze(-1); // (B, H', L, M)
         }
@@ -63,10 +105,10 @@ impl FavorHeads {
         k: &Tensor,
         v: &Tensor,
         write: Option<&Tensor>,
-        feats: &FavorFeatures,
+        map: FeatureMap,
         state: Option<(&mut Tensor, &mut Tensor)>,
     ) -> Tensor {
-        let [pq, pk, vf] = Self::features(q, k, v, write, feats);
+        let [pq, pk, vf] = Self::features(q, k, v, write, map);
         match state {
             Some((s, z)) => {
                 let (o, s2, z2) =
@@ -89,11 +131,11 @@ impl FavorHeads {
         k: &Tensor,
         v: &Tensor,
         write: Option<&Tensor>,
-        feats: &FavorFeatures,
+        map: FeatureMap,
         s: &mut Tensor,
         z: &mut Tensor,
     ) -> Tensor {
-        let [pq, pk, vf] = Self::features(q, k, v, write, feats);
+        let [pq, pk, vf] = Self::features(q, k, v, write, map);
         let (o, s2, z2) = recurrent_step(
             &pq.squeeze_dim(2), // (B, H', M)
             &pk.squeeze_dim(2), // (B, H', M)
@@ -254,7 +296,7 @@ mod tests {
         let g = Tensor::from_slice(&open)
             .view([1, 1, l])
             .expand([b, h, l], true);
-        let gated = heads.forward(&q, &k, &v, Some(&g), &feats, None);
+        let gated = heads.forward(&q, &k, &v, Some(&g), FeatureMap::Favor(&feats), None);
         // the same reads over the open positions only, by the definition
         let sc = (dk as f64).powf(-0.25);
         let pq = feats.scaled_features(&q, sc, true);
@@ -282,12 +324,41 @@ mod tests {
                 &at(&k),
                 &at(&v),
                 Some(&at(&g)),
-                &feats,
+                FeatureMap::Favor(&feats),
                 &mut s,
                 &mut z,
             );
             let e = (&o - gated.narrow(2, i, 1)).abs().max().double_value(&[]);
             assert!(e < 1e-4, "step {i}: {e}");
         }
+    }
+
+    #[test]
+    fn the_taylor_map_is_the_second_order_expansion_of_exp() {
+        tch::manual_seed(4);
+        let f = (Kind::Double, Device::Cpu);
+        let (h, dk, n) = (2, 6, 3);
+        let (q, k) = (
+            Tensor::randn([1, h, 5, dk], f),
+            Tensor::randn([1, h, 7, dk], f),
+        );
+        let (pq, pk) = (Tensor::randn([h, dk, n], f), Tensor::randn([h, dk, n], f));
+        let (fq, fk) = (
+            taylor_features(&q, &pq, None),
+            taylor_features(&k, &pk, None),
+        );
+        assert_eq!(fq.size(), [1, h, 5, 1 + n + n * n]);
+        // s = (q Pq) . (k Pk) / sqrt n, and phi(q) . phi(k) = 1 + s + s^2 / 2
+        let s = q
+            .matmul(&pq.unsqueeze(0))
+            .matmul(&k.matmul(&pk.unsqueeze(0)).transpose(-1, -2))
+            / (n as f64).sqrt();
+        let want = s.ones_like() + &s + s.square() / 2.0;
+        let got = fq.matmul(&fk.transpose(-1, -2)).to_kind(Kind::Double);
+        let e = (&got - &want).abs().max().double_value(&[]);
+        let scale = want.abs().max().double_value(&[]);
+        assert!(e < 1e-5 * scale, "{e} of {scale}");
+        // positive everywhere, at least 1/2
+        assert!(got.min().double_value(&[]) >= 0.5 - 1e-6);
     }
 }

@@ -106,6 +106,18 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     let mut c = with("spe-conv");
     c.favor_write_gate = true;
     out.push(("spe-conv write gate", c));
+    // the Taylor map in the linear heads (a libtorch step), with RoPE local heads
+    let mut c = with("spe-sine");
+    c.local_heads = 2;
+    c.local_window = 6;
+    c.local_position = LocalPosition::Rope;
+    c.taylor_dim = Some(4);
+    out.push(("spe-sine taylor map 4, 2 rope local heads window 6", c));
+    let mut c = with("none");
+    c.taylor_dim = Some(4);
+    c.taylor_rope = true;
+    c.favor_write_gate = true;
+    out.push(("no position code, taylor map 4 with rope, write gate", c));
     // the host step's tied heads: the scaled legacy form (logits x E^T d^-1/2)
     let mut c = with("spe-sine");
     c.tie_embeddings = true;
@@ -1039,7 +1051,7 @@ fn attention_step_over_a_sequence_is_its_forward() {
 
 #[test]
 fn favor_heads_step_over_a_sequence_is_their_forward() {
-    use crate::model::favor_heads::FavorHeads;
+    use crate::model::favor_heads::{FavorHeads, FeatureMap};
     let (cfg, feats) = sublayer_config();
     let heads = FavorHeads {
         chunk: 4,
@@ -1055,7 +1067,8 @@ fn favor_heads_step_over_a_sequence_is_their_forward() {
     );
     // (with write gates, which every form must weigh alike)
     let g = Tensor::rand([b, h, l], f);
-    let whole = heads.forward(&q, &k, &v, Some(&g), &feats, None);
+    let map = FeatureMap::Favor(&feats);
+    let whole = heads.forward(&q, &k, &v, Some(&g), map, None);
     let m = feats.num_features();
     let (mut s, mut z) = (Tensor::zeros([b, h, m, 5], f), Tensor::zeros([b, h, m], f));
     let outs: Vec<Tensor> = (0..l)
@@ -1066,7 +1079,7 @@ fn favor_heads_step_over_a_sequence_is_their_forward() {
                 &at(&k),
                 &at(&v),
                 Some(&at(&g)),
-                &feats,
+                map,
                 &mut s,
                 &mut z,
             )
@@ -1081,7 +1094,7 @@ fn favor_heads_step_over_a_sequence_is_their_forward() {
         &k.narrow(2, 0, 4),
         &v.narrow(2, 0, 4),
         Some(&g.narrow(2, 0, 4)),
-        &feats,
+        map,
         Some((&mut s2, &mut z2)),
     );
     let rest = heads.forward(
@@ -1089,7 +1102,7 @@ fn favor_heads_step_over_a_sequence_is_their_forward() {
         &k.narrow(2, 4, l - 4),
         &v.narrow(2, 4, l - 4),
         Some(&g.narrow(2, 4, l - 4)),
-        &feats,
+        map,
         Some((&mut s2, &mut z2)),
     );
     assert!(rel(&Tensor::cat(&[first, rest], 2), &whole) < 1e-5);

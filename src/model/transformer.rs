@@ -556,7 +556,8 @@ impl Transformer {
             && matches!(cfg.positional, PositionalEncoding::SpeSine { .. })
             && hl < cfg.n_heads
             && (hl == 0 || cfg.local_position == LocalPosition::Rope)
-            && cfg.short_conv == 0;
+            && cfg.short_conv == 0
+            && cfg.taylor_dim.is_none();
         if !ok {
             return None;
         }
