@@ -580,11 +580,10 @@ pub fn estimate_bytes(
     let heads = cfg.n_heads.max(1) as u128;
     let hd = cfg.head_dim().max(1) as u128;
     let prefill = p * (v + 8 * d + ff) * 4;
-    let state = match &cfg.attention {
-        crate::model::AttentionKind::Favor { features, .. } => {
-            layers * heads * (*features).max(1) as u128 * (hd + 1) * 4
-        }
-        crate::model::AttentionKind::Softmax => layers * (p + t) * 2 * d * 4,
+    // (the linear heads' features: FAVOR+'s, or the Taylor map's 1 + n + n^2)
+    let state = match cfg.linear_features() {
+        Some(features) => layers * heads * features.max(1) as u128 * (hd + 1) * 4,
+        None => layers * (p + t) * 2 * d * 4,
     };
     let windows = layers
         * cfg.local_heads.max(0) as u128
@@ -644,6 +643,11 @@ mod tests {
         conv.short_conv = 4;
         let extra = estimate_bytes(&conv, 1, 10, 100) - estimate_bytes(&base, 1, 10, 100);
         assert_eq!(extra, 4 * 3 * 3 * 256 * 4);
+        // the Taylor map's state: 1 + 16 + 256 features per head where FAVOR+ has 64
+        let mut taylor = base.clone();
+        taylor.taylor_dim = Some(16);
+        let extra = estimate_bytes(&taylor, 1, 10, 100) - estimate_bytes(&base, 1, 10, 100);
+        assert_eq!(extra, 4 * 4 * (273 - 64) * (64 + 1) * 4);
     }
 
     #[test]
