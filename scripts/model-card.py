@@ -217,7 +217,7 @@ worth nothing to this model yet: the FAVOR+ heads carry the nearer past (zeroing
 them costs loss), not the far one. A made-up copy task says why (docs/learning.md,
 "Can FAVOR+ heads copy from beyond the local window?"): a segment played again 600
 random notes later is copied by softmax heads that see it (NLL 0.28 against 3.47
-for a guess) and not at all by FAVOR+ heads, with 64, 256 or 2,048 features, with
+for a guess, at one seed of two: the test is fragile) and not at all by FAVOR+ heads, with 64, 256 or 2,048 features, with
 or without SPE, with a short convolution or a learned write gate; positive random
 features cannot form an attention peak sharp enough to pick one token out of hundreds
 (`scripts/form/favor-sharpness.py`).
