@@ -272,14 +272,14 @@ impl Attention {
         });
         let qkv = linear(vs.sub("attn_qkv"), d, 3 * d, 0.02);
         let out = linear(vs.sub("attn_out"), d, d, residual_std(cfg));
+        let global_heads = cfg.n_heads - cfg.local_heads;
         // zero weights and bias (no draw from the generator): every gate 1/2, which the
         // normalisation of the read cancels
         let write_gate = cfg.favor_write_gate.then(|| {
             let p = vs.sub("write_gate");
-            let heads = cfg.n_heads - cfg.local_heads;
             nn::Linear {
-                ws: p.var("weight", &[heads, d], nn::Init::Const(0.0)),
-                bs: Some(p.var("bias", &[heads], nn::Init::Const(0.0))),
+                ws: p.var("weight", &[global_heads, d], nn::Init::Const(0.0)),
+                bs: Some(p.var("bias", &[global_heads], nn::Init::Const(0.0))),
             }
         });
         let local = (cfg.local_heads > 0).then_some(LocalHeads {
@@ -296,14 +296,14 @@ impl Attention {
         };
         // N(0, 1/dk): s = f_q . f_k starts at the scale of q . k / sqrt(dk)
         let taylor = cfg.taylor_dim.map(|n| {
-            let (heads, dk) = (cfg.n_heads - cfg.local_heads, cfg.qk_dim());
+            let dk = cfg.qk_dim();
             let init = nn::Init::Randn {
                 mean: 0.0,
                 stdev: (dk as f64).powf(-0.5),
             };
             (
-                vs.var("taylor_q", &[heads, dk, n], init),
-                vs.var("taylor_k", &[heads, dk, n], init),
+                vs.var("taylor_q", &[global_heads, dk, n], init),
+                vs.var("taylor_k", &[global_heads, dk, n], init),
             )
         });
         Attention {

@@ -807,8 +807,7 @@ impl ModelConfig {
             per_layer += (d + 1) * heads.saturating_sub(u(self.local_heads));
         }
         if let Some(n) = self.taylor_dim {
-            let qk = u(self.qk_dim()).max(hd);
-            per_layer += 2 * heads * qk * u(n);
+            per_layer += 2 * heads * u(self.qk_dim()).max(hd) * u(n);
         }
         let head = if self.tie_embeddings { 0 } else { v * d + v };
         v * d + head + 2 * d + layers * per_layer
@@ -862,10 +861,9 @@ impl ModelConfig {
             );
         }
         self.validate_local_heads()?;
-        if self.favor_write_gate
-            && !(matches!(self.attention, AttentionKind::Favor { .. })
-                && self.local_heads < self.n_heads)
-        {
+        let linear_heads = matches!(self.attention, AttentionKind::Favor { .. })
+            && self.local_heads < self.n_heads;
+        if self.favor_write_gate && !linear_heads {
             bail!(
                 "model config: favor_write_gate gates what the FAVOR+ heads write; it needs \
                  FAVOR+ attention and fewer local_heads than n_heads"
@@ -873,9 +871,7 @@ impl ModelConfig {
         }
         if let Some(n) = self.taylor_dim {
             within("taylor_dim", n, 1, MAX_TAYLOR_DIM)?;
-            if !(matches!(self.attention, AttentionKind::Favor { .. })
-                && self.local_heads < self.n_heads)
-            {
+            if !linear_heads {
                 bail!(
                     "model config: taylor_dim is the feature map of the linear-attention heads; \
                      it needs attention kind \"favor\" and fewer local_heads than n_heads"

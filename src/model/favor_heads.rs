@@ -97,8 +97,9 @@ impl FavorHeads {
     }
 
     /// Causal linear attention of q, k (B, H', L, dk) and v (B, H', L, Dv), the keys
-    /// written with weights `write` (B, H', L) when given, -> (B, H', L, Dv) f32. With a `state` (s (B, H', M, Dv), z (B, H', M)) the sums start
-    /// from it, and it is replaced by the sums after the last position.
+    /// written with weights `write` (B, H', L) when given, -> (B, H', L, Dv) f32. With a
+    /// `state` (s (B, H', M, Dv), z (B, H', M)) the sums start from it, and it is replaced
+    /// by the sums after the last position.
     pub fn forward(
         &self,
         q: &Tensor,

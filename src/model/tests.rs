@@ -17,6 +17,14 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
         c
     };
     let with = |pos: &str| base.clone().with_positional(pos).unwrap();
+    // SineSPE FAVOR+ heads beside 2 RoPE local heads over 6 tokens (the shipped kinds)
+    let sine_rope = || {
+        let mut c = with("spe-sine");
+        c.local_heads = 2;
+        c.local_window = 6;
+        c.local_position = LocalPosition::Rope;
+        c
+    };
     let mut out = vec![
         ("spe-sine gated shared", with("spe-sine")),
         ("spe-conv gated shared", with("spe-conv")),
@@ -71,11 +79,7 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_heads = 4;
     c.local_window = 3;
     out.push(("ape all heads local window 3", c));
-    let mut c = with("spe-sine");
-    c.local_heads = 2;
-    c.local_window = 6;
-    c.local_position = LocalPosition::Rope;
-    out.push(("spe-sine 2 rope local heads window 6", c));
+    out.push(("spe-sine 2 rope local heads window 6", sine_rope()));
     // the host step of the FAVOR+ heads with per-layer codes, an antithetic projection
     // and a gate per layer
     let mut c = with("spe-sine");
@@ -97,20 +101,14 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     out.push(("spe-sine gated per-layer antithetic, 1 rope local head", c));
     // the FAVOR+ heads' write gate, in the host step (RoPE local heads, SineSPE) and in
     // libtorch's (ConvSPE)
-    let mut c = with("spe-sine");
-    c.local_heads = 2;
-    c.local_window = 6;
-    c.local_position = LocalPosition::Rope;
+    let mut c = sine_rope();
     c.favor_write_gate = true;
     out.push(("spe-sine write gate, 2 rope local heads window 6", c));
     let mut c = with("spe-conv");
     c.favor_write_gate = true;
     out.push(("spe-conv write gate", c));
     // the Taylor map in the linear heads (a libtorch step), with RoPE local heads
-    let mut c = with("spe-sine");
-    c.local_heads = 2;
-    c.local_window = 6;
-    c.local_position = LocalPosition::Rope;
+    let mut c = sine_rope();
     c.taylor_dim = Some(4);
     out.push(("spe-sine taylor map 4, 2 rope local heads window 6", c));
     let mut c = with("none");
@@ -134,10 +132,7 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
     c.local_position = LocalPosition::Rope;
     out.push(("ape 2 rope local heads window 1", c));
     // musical RoPE: the host step (SineSPE) and the libtorch step (ConvSPE)
-    let mut c = with("spe-sine");
-    c.local_heads = 2;
-    c.local_window = 6;
-    c.local_position = LocalPosition::Rope;
+    let mut c = sine_rope();
     c.musical_rope = Some(musical(2, 2));
     out.push(("spe-sine 2 musical rope local heads window 6", c));
     let mut c = with("spe-conv");
@@ -177,10 +172,7 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
         c,
     ));
     // the bar embedding: the host step (SineSPE, RoPE local heads) and the libtorch step
-    let mut c = with("spe-sine");
-    c.local_heads = 2;
-    c.local_window = 6;
-    c.local_position = LocalPosition::Rope;
+    let mut c = sine_rope();
     c.bar_embedding = Some(4);
     out.push(("spe-sine 2 rope local heads, bar embedding 4", c));
     let mut c = with("spe-conv");
