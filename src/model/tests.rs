@@ -1438,7 +1438,10 @@ fn a_new_write_gate_changes_nothing_and_a_trained_one_does() {
         for (name, mut t) in vs_b.variables() {
             match shared.get(&name) {
                 Some(src) => t.copy_(src),
-                None => assert!(name.contains("write_gate"), "{name} only in the gated model"),
+                None => assert!(
+                    name.contains("write_gate"),
+                    "{name} only in the gated model"
+                ),
             }
         }
     });
