@@ -61,7 +61,6 @@ def main():
                 f = orthogonal_features(rng, m, a.d)
                 s = phi(k * sc, f) @ phi(q[None] * sc, f)[0]
                 est.append(s[0] / s.sum())
-            e = np.array(est)
             row.append(summary(est))
         row += [summary(taylor_weights(trng, a.n, n, gap)) for n in ns]
         print("| " + " | ".join(row) + " |")
