@@ -270,7 +270,7 @@ pub fn score_window(
 /// same offset): one batched `forward_t` with the frozen noise, the logits of the last
 /// position scored. This is the "only the last C tokens" half of the context gain: the
 /// window starts at its absolute offset, so relative position codes see the lags of the
-/// full pass.
+/// full pass. [`window_nll`] with each target appended to its window.
 pub fn last_token_nll(
     model: &Transformer,
     windows: &[&[u32]],
@@ -282,33 +282,71 @@ pub fn last_token_nll(
     let Some(c) = windows.first().map(|w| w.len()) else {
         return Vec::new();
     };
-    assert!(c >= 1, "windows of at least one token");
+    let whole: Vec<Vec<u32>> = windows
+        .iter()
+        .zip(targets)
+        .map(|(w, &t)| w.iter().copied().chain([t]).collect())
+        .collect();
+    let whole: Vec<&[u32]> = whole.iter().map(|w| w.as_slice()).collect();
+    window_nll(model, &whole, &[c], offset, bars)
+        .into_iter()
+        .map(|v| v[0])
+        .collect()
+}
+
+/// NLL of the tokens at indices `at` of every window, each token scored from the tokens
+/// before it in its window: `out[b][i]` is the NLL of `windows[b][at[i]]` given
+/// `windows[b][..at[i]]`. Every window of one call has the same length, begins at absolute
+/// position `offset` and is one row of a single batched forward with the frozen noise;
+/// every index in `at` is at least 1 and below the length. One forward thus scores many
+/// positions of a window, each with its own amount of past (the context gain's blocks).
+pub fn window_nll(
+    model: &Transformer,
+    windows: &[&[u32]],
+    at: &[usize],
+    offset: usize,
+    bars: Option<&[i64]>,
+) -> Vec<Vec<f64>> {
+    let Some(n) = windows.first().map(|w| w.len()) else {
+        return Vec::new();
+    };
     assert!(
-        windows.iter().all(|w| w.len() == c),
+        windows.iter().all(|w| w.len() == n),
         "windows of one length"
     );
+    assert!(
+        at.iter().all(|&i| i >= 1 && i < n),
+        "scored indices within 1..{n}"
+    );
+    if at.is_empty() {
+        return vec![Vec::new(); windows.len()];
+    }
     tch::no_grad(|| {
+        // the input is the window without its last token, whose logits score nothing
         let x: Vec<i64> = windows
             .iter()
-            .flat_map(|w| w.iter().map(|&t| t as i64))
+            .flat_map(|w| w[..n - 1].iter().map(|&t| t as i64))
             .collect();
         let x = Tensor::from_slice(&x)
-            .view([windows.len() as i64, c as i64])
+            .view([windows.len() as i64, n as i64 - 1])
             .to_device(model.device());
-        let last = model
+        // the logits at index i - 1 predict token i
+        let rows: Vec<i64> = at.iter().map(|&i| i as i64 - 1).collect();
+        let logits = model
             .forward_from(&x, offset as i64, false, bars)
-            .select(1, c as i64 - 1)
+            .index_select(1, &Tensor::from_slice(&rows).to_device(model.device()))
             .to_kind(Kind::Float)
-            .to_device(tch::Device::Cpu); // (B, V)
-        let logp = last.log_softmax(-1, Kind::Float);
-        let t: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
-        let nll = -logp
-            .gather(-1, &Tensor::from_slice(&t).unsqueeze(-1), false)
-            .squeeze_dim(-1);
-        Vec::<f32>::try_from(nll)
-            .unwrap_or_default()
-            .into_iter()
-            .map(f64::from)
+            .to_device(tch::Device::Cpu); // (B, |at|, V)
+        let logp = logits.log_softmax(-1, Kind::Float);
+        let t: Vec<i64> = windows
+            .iter()
+            .flat_map(|w| at.iter().map(|&i| w[i] as i64))
+            .collect();
+        let t = Tensor::from_slice(&t).view([windows.len() as i64, at.len() as i64, 1]);
+        let nll = -logp.gather(-1, &t, false).squeeze_dim(-1); // (B, |at|)
+        let flat = Vec::<f32>::try_from(nll.reshape([-1])).unwrap_or_default();
+        flat.chunks(at.len())
+            .map(|row| row.iter().map(|&v| f64::from(v)).collect())
             .collect()
     })
 }

@@ -234,6 +234,27 @@ fn rel(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[]) / b.abs().max().double_value(&[]).max(1e-30)
 }
 
+/// Copies into `to` every variable that `from` has under the same name, and returns the
+/// names of the variables only `to` has, sorted. Tests compare two models on the same
+/// weights this way, by name: reseeding libtorch's one global generator before each
+/// construction does not work, since tests on other threads draw from it in between.
+fn copy_shared(from: &nn::VarStore, to: &nn::VarStore) -> Vec<String> {
+    let source = from.variables();
+    let mut only_to = Vec::new();
+    tch::no_grad(|| {
+        for (name, mut t) in to.variables() {
+            match source.get(&name) {
+                Some(src) => {
+                    t.copy_(src);
+                }
+                None => only_to.push(name),
+            }
+        }
+    });
+    only_to.sort();
+    only_to
+}
+
 #[test]
 fn causality_every_variant() {
     for (name, cfg) in variants() {
@@ -778,13 +799,12 @@ fn short_conv_starts_as_identity_and_reaches_back_k_minus_1_tokens() {
     let a = Transformer::new(&vs_a.root(), &plain).unwrap();
     let vs_b = nn::VarStore::new(Device::Cpu);
     let b = Transformer::new(&vs_b.root(), &cfg).unwrap();
-    // the same weights, whatever other tests drew from the global generator meanwhile
-    let weights_b = vs_b.variables();
-    tch::no_grad(|| {
-        for (name, t) in vs_a.variables() {
-            weights_b[&name].shallow_clone().copy_(&t);
-        }
-    });
+    // the same weights (by name), the convolution's own only in b
+    let extra = copy_shared(&vs_a, &vs_b);
+    assert!(
+        !extra.is_empty() && extra.iter().all(|n| n.contains("conv")),
+        "{extra:?}"
+    );
     let toks = tokens(1, 30, 9);
     let e = rel(&b.forward_t(&toks, 0, false), &a.forward_t(&toks, 0, false));
     assert!(e < 1e-6, "identity conv changes logits by {e}");
@@ -1306,17 +1326,13 @@ fn a_zero_bar_embedding_changes_nothing_and_a_trained_one_reads_the_bars() {
     let mut without = with.clone();
     without.bar_embedding = None;
     // as made (zeros): the same logits as the model without the table
-    // (the same weights copied over: libtorch's generator is shared by the tests)
+    // (the same weights copied over by name)
     let vs_a = nn::VarStore::new(Device::Cpu);
     let mut a = Transformer::new(&vs_a.root(), &with).unwrap();
     let vs_b = nn::VarStore::new(Device::Cpu);
     let mut b = Transformer::new(&vs_b.root(), &without).unwrap();
+    assert!(copy_shared(&vs_a, &vs_b).is_empty());
     let weights = vs_a.variables();
-    tch::no_grad(|| {
-        for (name, mut t) in vs_b.variables() {
-            t.copy_(&weights[&name]);
-        }
-    });
     assert_eq!(
         weights["bar_embed.weight"].abs().max().double_value(&[]),
         0.0
@@ -1431,20 +1447,12 @@ fn a_new_write_gate_changes_nothing_and_a_trained_one_does() {
     let mut a = Transformer::new(&vs_a.root(), &plain).unwrap();
     let vs_b = nn::VarStore::new(Device::Cpu);
     let mut b = Transformer::new(&vs_b.root(), &gated).unwrap();
-    // the same weights by name (not by reseeding: tests on other threads draw from the
-    // one global generator between two seeded constructions)
-    let shared = vs_a.variables();
-    tch::no_grad(|| {
-        for (name, mut t) in vs_b.variables() {
-            match shared.get(&name) {
-                Some(src) => t.copy_(src),
-                None => assert!(
-                    name.contains("write_gate"),
-                    "{name} only in the gated model"
-                ),
-            }
-        }
-    });
+    // the same weights by name, the gate's own only in the gated model
+    let extra = copy_shared(&vs_a, &vs_b);
+    assert!(
+        !extra.is_empty() && extra.iter().all(|n| n.contains("write_gate")),
+        "{extra:?}"
+    );
     a.freeze(5);
     b.freeze(5);
     let toks = tokens(2, 40, 4);

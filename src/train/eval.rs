@@ -58,8 +58,10 @@ pub struct Probes {
     pub context_cut: Vec<usize>,
     /// ... from this position on (default: [`default_context_from`]) ...
     pub context_from: Option<usize>,
-    /// ... every this many positions.
+    /// ... every this many positions ...
     pub context_stride: usize,
+    /// ... this many scored positions per cut window (1: every cut exactly C tokens).
+    pub context_block: usize,
     /// Heads whose output is zeroed before scoring (none: the model as it is).
     pub ablate: Option<Ablation>,
 }
@@ -70,9 +72,14 @@ impl Default for Probes {
             context_cut: Vec::new(),
             context_from: None,
             context_stride: DEFAULT_CONTEXT_STRIDE,
+            context_block: 1,
             ablate: None,
         }
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Default `--context-stride`.
@@ -187,6 +194,10 @@ pub struct ContextGain {
     pub from: usize,
     /// Distance between scored positions.
     pub stride: usize,
+    /// Scored positions per cut window: the j-th of a block sees the last C + j * stride
+    /// tokens (1: every cut exactly C; reports written before this field read 1).
+    #[serde(default = "one")]
+    pub block: usize,
     /// Positions scored over all pieces.
     pub positions: u64,
     /// Pieces with at least one scored position.
@@ -234,13 +245,14 @@ impl GainSums {
     }
 }
 
-/// Refuses cuts, first position and stride that make no sense: a cut below 1 or not
-/// below `from`, a stride below 1, more than [`MAX_CUTS`] cuts; returns the sorted
-/// distinct cuts and `from`.
+/// Refuses cuts, first position, stride and block that make no sense: a cut below 1 or
+/// not below `from`, a stride or block below 1, more than [`MAX_CUTS`] cuts; returns the
+/// sorted distinct cuts and `from`.
 pub fn check_context(
     cuts: &[usize],
     from: Option<usize>,
     stride: usize,
+    block: usize,
 ) -> Result<(Vec<usize>, usize)> {
     let set: BTreeSet<usize> = cuts.iter().copied().collect();
     if set.len() > MAX_CUTS {
@@ -259,6 +271,9 @@ pub fn check_context(
     if stride < 1 {
         bail!("--context-stride {stride}: must be at least 1");
     }
+    if block < 1 {
+        bail!("--context-block {block}: must be at least 1");
+    }
     Ok((set.into_iter().collect(), from))
 }
 
@@ -274,8 +289,12 @@ fn bars_before(ids: &[u32]) -> i64 {
 
 /// The context gain of `model` over `windows` (source, tokens from the piece's start),
 /// `full[k][p]` being the NLL of token p of window k with the whole past (NaN where not
-/// scored). Positions p = from, from + stride, ... below each window's length; cut C sees
-/// tokens max(0, p-C)..p at their absolute offset. `cuts` must be sorted, distinct and >= 1.
+/// scored). Positions p = from, from + stride, ... below each window's length, taken in
+/// blocks of `block` consecutive scored positions: cut C scores the block q_0, q_1, ... of
+/// a piece in one fresh window from max(0, q_0 - C) at its absolute offset, so q_j sees
+/// the last C + j * stride tokens (exactly C with `block` 1). `cuts` must be sorted,
+/// distinct and >= 1; `stride` and `block` >= 1.
+#[allow(clippy::too_many_arguments)]
 pub fn context_gain(
     model: &crate::model::Transformer,
     vocab: &crate::tokenizer::Vocab,
@@ -284,43 +303,59 @@ pub fn context_gain(
     cuts: &[usize],
     from: usize,
     stride: usize,
+    block: usize,
 ) -> ContextGain {
-    assert!(stride >= 1 && cuts.iter().all(|&c| c >= 1));
+    assert!(stride >= 1 && block >= 1 && cuts.iter().all(|&c| c >= 1));
     let longest = windows.iter().map(|(_, w)| w.len()).max().unwrap_or(0);
     let mut all = GainSums::default();
     let mut types: BTreeMap<String, GainSums> = BTreeMap::new();
     let mut sources: BTreeMap<String, GainSums> = BTreeMap::new();
     let mut used = BTreeSet::new();
-    for p in (from.max(1)..longest).step_by(stride) {
-        // the pieces that reach p (and whose full pass scored it)
-        let at: Vec<usize> = (0..windows.len())
-            .filter(|&k| windows[k].1.len() > p && !full[k][p].is_nan())
-            .collect();
-        for (ci, &c) in cuts.iter().enumerate() {
-            let start = p.saturating_sub(c);
-            for batch in at.chunks(CUT_BATCH) {
-                let ws: Vec<&[u32]> = batch.iter().map(|&k| &windows[k].1[start..p]).collect();
-                let ts: Vec<u32> = batch.iter().map(|&k| windows[k].1[p]).collect();
-                // the bar each cut window begins in, as the full pass knows it
-                let bars: Vec<i64> = batch
-                    .iter()
-                    .map(|&k| bars_before(&windows[k].1[..start]))
-                    .collect();
-                let nll = crate::eval::last_token_nll(model, &ws, &ts, start, Some(&bars));
-                for (&k, &v) in batch.iter().zip(&nll) {
-                    let f = full[k][p];
-                    let kind = vocab
-                        .kind(windows[k].1[p])
-                        .unwrap_or(crate::tokenizer::TokenType::Pad)
-                        .to_string();
-                    let first = ci == 0;
-                    all.add(f, c, v, first);
-                    types.entry(kind).or_default().add(f, c, v, first);
-                    sources
-                        .entry(crate::eval::source_group(&windows[k].0))
-                        .or_default()
-                        .add(f, c, v, first);
-                    used.insert(k);
+    let positions: Vec<usize> = (from.max(1)..longest).step_by(stride).collect();
+    for chunk in positions.chunks(block) {
+        // the pieces by how many of the block's positions they reach: one batch shape each
+        let mut reach: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (k, (_, w)) in windows.iter().enumerate() {
+            let m = chunk.iter().take_while(|&&p| p < w.len()).count();
+            if m > 0 {
+                reach.entry(m).or_default().push(k);
+            }
+        }
+        for (&m, ks) in &reach {
+            let block_at = &chunk[..m];
+            let (first, last) = (block_at[0], block_at[m - 1]);
+            for (ci, &c) in cuts.iter().enumerate() {
+                let start = first.saturating_sub(c);
+                let at: Vec<usize> = block_at.iter().map(|&p| p - start).collect();
+                for batch in ks.chunks(CUT_BATCH) {
+                    let ws: Vec<&[u32]> =
+                        batch.iter().map(|&k| &windows[k].1[start..=last]).collect();
+                    // the bar each cut window begins in, as the full pass knows it
+                    let bars: Vec<i64> = batch
+                        .iter()
+                        .map(|&k| bars_before(&windows[k].1[..start]))
+                        .collect();
+                    let nll = crate::eval::window_nll(model, &ws, &at, start, Some(&bars));
+                    for (&k, row) in batch.iter().zip(&nll) {
+                        for (&p, &v) in block_at.iter().zip(row) {
+                            let f = full[k][p];
+                            if f.is_nan() {
+                                continue; // not scored by the full pass (PAD)
+                            }
+                            let kind = vocab
+                                .kind(windows[k].1[p])
+                                .unwrap_or(crate::tokenizer::TokenType::Pad)
+                                .to_string();
+                            let first_cut = ci == 0;
+                            all.add(f, c, v, first_cut);
+                            types.entry(kind).or_default().add(f, c, v, first_cut);
+                            sources
+                                .entry(crate::eval::source_group(&windows[k].0))
+                                .or_default()
+                                .add(f, c, v, first_cut);
+                            used.insert(k);
+                        }
+                    }
                 }
             }
         }
@@ -334,6 +369,7 @@ pub fn context_gain(
     ContextGain {
         from,
         stride,
+        block,
         positions: overall.positions,
         pieces: used.len(),
         full: overall.full,
@@ -617,6 +653,7 @@ pub fn evaluate_probed(o: &EvalOptions, probes: &Probes) -> Result<EvalReport> {
             &probes.context_cut,
             probes.context_from,
             probes.context_stride,
+            probes.context_block,
         )?)
     };
     let mut m = checkpoint::load_model(&o.model_dir, device)?;
@@ -695,6 +732,7 @@ pub fn evaluate_probed(o: &EvalOptions, probes: &Probes) -> Result<EvalReport> {
                 cuts,
                 *from,
                 probes.context_stride,
+                probes.context_block,
             );
             if g.positions == 0 {
                 bail!(
@@ -884,7 +922,7 @@ mod tests {
         ];
         let full = full_nll(&m, &v, &windows);
         // cut 64 >= every p: the window is the whole past; cut 3 is a real cut
-        let g = context_gain(&m, &v, &windows, &full, &[3, 64], 10, 3);
+        let g = context_gain(&m, &v, &windows, &full, &[3, 64], 10, 3, 1);
         // p = 10, 13, ..., 37 in the first piece (10 positions), up to 31 in the second (8)
         assert_eq!((g.positions, g.pieces), (18, 2));
         let mut want = 0.0;
@@ -923,6 +961,45 @@ mod tests {
         assert!(
             table.contains("last 3") && table.contains("source folk"),
             "{table}"
+        );
+    }
+
+    #[test]
+    fn a_block_scores_each_position_with_its_own_past() {
+        let v = vocab();
+        let (_vs, m) = model(&v, "spe-sine", 2, 8);
+        let windows: Vec<(String, Vec<u32>)> = vec![
+            ("folk/a.mid".into(), ids(&v, 40, 1)),
+            ("classical/b.mid".into(), ids(&v, 33, 2)),
+        ];
+        let full = full_nll(&m, &v, &windows);
+        let exact = context_gain(&m, &v, &windows, &full, &[3], 10, 1, 1);
+        let blocks = context_gain(&m, &v, &windows, &full, &[3], 10, 1, 4);
+        // every position 10..40 and 10..33: the same positions, the same full figure
+        assert_eq!((blocks.positions, blocks.pieces, blocks.block), (53, 2, 4));
+        assert_eq!(exact.positions, 53);
+        assert!((blocks.full - exact.full).abs() < 1e-12);
+        // one window per block: position q0 + j sees the 3 + j tokens from q0 - 3, the
+        // last block of the shorter piece (30, 31, 32) in a batch of its own
+        let mut want = 0.0;
+        for (_, w) in &windows {
+            for p in 10..w.len() {
+                let q0 = p - (p - 10) % 4;
+                let bars = [bars_before(&w[..q0 - 3])];
+                let nll =
+                    crate::eval::last_token_nll(&m, &[&w[q0 - 3..p]], &[w[p]], q0 - 3, Some(&bars));
+                want += nll[0];
+            }
+        }
+        let got = blocks.cut["3"];
+        assert!(
+            (got - want / 53.0).abs() < 1e-5,
+            "blocks {got} vs one window per position {}",
+            want / 53.0
+        );
+        assert!(
+            (got - exact.cut["3"]).abs() > 1e-4,
+            "blocks saw no more past than exact cuts"
         );
     }
 
@@ -1054,19 +1131,23 @@ mod tests {
     #[test]
     fn context_flags_are_checked() {
         let e = |c: &[usize], f: Option<usize>, s: usize| {
-            format!("{:#}", check_context(c, f, s).unwrap_err())
+            format!("{:#}", check_context(c, f, s, 1).unwrap_err())
         };
         assert!(e(&[0], None, 16).contains("--context-cut 0"));
         assert!(e(&[100, 2000], Some(1500), 16).contains("--context-cut 2000"));
         assert!(e(&[512], Some(512), 16).contains("--context-from 512"));
         assert!(e(&[8], None, 0).contains("--context-stride 0"));
+        assert!(
+            format!("{:#}", check_context(&[8], None, 1, 0).unwrap_err())
+                .contains("--context-block 0")
+        );
         let many: Vec<usize> = (1..=20).collect();
         assert!(e(&many, None, 1).contains("at most"));
         assert_eq!(
-            check_context(&[512, 128, 512], None, 16).unwrap(),
+            check_context(&[512, 128, 512], None, 16, 1).unwrap(),
             (vec![128, 512], 1024)
         );
-        assert_eq!(check_context(&[700], None, 1).unwrap().1, 1400);
-        assert_eq!(check_context(&[5], Some(6), 1).unwrap().1, 6);
+        assert_eq!(check_context(&[700], None, 1, 64).unwrap().1, 1400);
+        assert_eq!(check_context(&[5], Some(6), 1, 1).unwrap().1, 6);
     }
 }
