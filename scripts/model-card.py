@@ -189,7 +189,7 @@ def form_block():
 | --- | ---: | --- |
 | held-out loss, first 1,024 tokens of 100 pieces | {e['loss']:.4f} | |
 | the same with the FAVOR+ heads zeroed | {a['loss']:.4f} (+{100 * (a['loss'] / e['loss'] - 1):.1f}%) | |
-| context gain, {h.get('pieces', '-')} held-out pieces of >= 2,048 tokens (NLL with the whole past / with the last 512 tokens, positions 1,024-2,048) | {gain(h)} | <= 0.98 |
+| context gain, {h.get('pieces', '-')} held-out pieces of >= 2,048 tokens (NLL with the whole past / with the last 512 tokens, every position 1,024-2,048) | {gain(h)} | <= 0.98 |
 | the same, 6 long classical training pieces | {gain(c)} | |
 | strain return of 8-bar continuations of 8-bar prompts, {k.get('pieces', '-')} held-out folk tunes (real tunes) | {num(sg.get('mean'))} ({num(sr.get('mean'))}) | >= 0.8x real |
 | share of continuations with strain return >= 0.5 (real) | {num(sg.get('share'))} ({num(sr.get('share'))}) | |
@@ -221,10 +221,11 @@ for a guess, at one seed of two: the test is fragile) and not at all by FAVOR+ h
 or without SPE, with a short convolution or a learned write gate; positive random
 features cannot form an attention peak sharp enough to pick one token out of hundreds
 (`scripts/form/favor-sharpness.py`), and neither can Based's Taylor map. The same stage 2
-with local softmax heads over 1,024 tokens instead of 512 reads 1.001 on these
-positions too, but 0.994 one token later (this model: 1.000): the figure, taken at
-every 16th position, moves by 0.6% with the offset (docs/learning.md, "How sharp can
-the Taylor map attend, and a wider local window on music").
+with local softmax heads over 1,024 tokens instead of 512 reads 0.997 at every position
+(0.995 with its FAVOR+ heads zeroed): the gain is its softmax heads seeing 512-1,024
+tokens back, not the FAVOR+ heads (docs/learning.md, "The context gain at every
+position"). Figures before 2026-12-07 scored every 16th position, which moved them by
+0.6% with the offset.
 """
     unprompted = os.path.join(d, "unprompted.md")
     if os.path.exists(unprompted):

@@ -127,7 +127,7 @@ def naive_gain(model, meta, windows, cuts, from_, stride):
 
     allf = fig(rows)
     return {
-        "from": from_, "stride": stride, "positions": len(rows), "pieces": len({r[0] for r in rows}),
+        "from": from_, "stride": stride, "block": 1, "positions": len(rows), "pieces": len({r[0] for r in rows}),
         "full": allf["full"], "cut": allf["cut"], "ratio": {c: v / allf["full"] for c, v in allf["cut"].items()},
         "by_type": {t: fig([r for r in rows if r[2] == t]) for t in {r[2] for r in rows}},
         "by_source": {s: fig([r for r in rows if r[3] == s]) for s in {r[3] for r in rows}},
@@ -393,14 +393,14 @@ def main():
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.load(open(out))
     g = rep["context_gain"]
-    keys = rust_fields("ContextGain") or ["from", "stride", "positions", "pieces", "full", "cut", "ratio",
+    keys = rust_fields("ContextGain") or ["from", "stride", "block", "positions", "pieces", "full", "cut", "ratio",
                                            "by_type", "by_source"]
     fig_keys = rust_fields("GainFigures") or ["positions", "full", "cut"]
     assert sorted(g) == sorted(keys), f"context_gain keys {sorted(g)} != ContextGain's {sorted(keys)}"
     for grp in ("by_type", "by_source"):
         for k, v in g[grp].items():
             assert sorted(v) == sorted(fig_keys), f"{grp}.{k}: keys {sorted(v)}"
-    assert g["pieces"] == 5 and set(g["cut"]) == {"8", "16"}
+    assert g["pieces"] == 5 and set(g["cut"]) == {"8", "16"} and g["block"] == 1
     for c, v in g["cut"].items():
         assert math.isclose(g["ratio"][c], v / g["full"], rel_tol=1e-12)
     assert sum(v["positions"] for v in g["by_type"].values()) == g["positions"]

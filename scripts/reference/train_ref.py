@@ -508,6 +508,7 @@ def gain_report(meta, windows, jobs, full, cuts, from_, stride):
     return {
         "from": from_,
         "stride": stride,
+        "block": 1,  # one cut window per position: every cut exactly C tokens
         "positions": allf["positions"],
         "pieces": len({k for k, _ in jobs}),
         "full": allf["full"],

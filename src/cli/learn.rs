@@ -146,8 +146,8 @@ pub struct EvalArgs {
     pub context_stride: usize,
     /// Score B scored positions per cut window (one forward of C + (B-1)*S tokens for B
     /// positions): the j-th of each block sees the last C + j*S tokens instead of exactly
-    /// C. With --context-stride 1 and a block of 64, every position costs about 1/57 of
-    /// an exact one.
+    /// C. With --context-stride 1 and a block of 8, every position is scored in about 1/8
+    /// of the exact time.
     #[arg(long, default_value_t = 1, requires = "context_cut")]
     pub context_block: usize,
     /// Zero the output of these heads in every layer before scoring: favor (the FAVOR+

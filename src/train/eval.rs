@@ -421,9 +421,12 @@ pub fn returns_table(r: &ReturnProbe) -> String {
 /// The context gain as a markdown table: one row overall, then one per token type and
 /// per source group; columns full NLL, then per cut its NLL and its ratio to full.
 pub fn context_table(g: &ContextGain) -> String {
+    // the cuts in numeric order (the JSON's keys are strings: "1000" sorts before "128")
+    let mut cuts: Vec<&String> = g.cut.keys().collect();
+    cuts.sort_by_key(|c| (c.parse::<usize>().unwrap_or(usize::MAX), c.to_string()));
     let mut out = String::from("| positions | n | full past |");
     let mut rule = String::from("| --- | ---: | ---: |");
-    for c in g.cut.keys() {
+    for c in &cuts {
         out.push_str(&format!(" last {c} | ratio |"));
         rule.push_str(" ---: | ---: |");
     }
@@ -432,7 +435,8 @@ pub fn context_table(g: &ContextGain) -> String {
     out.push('\n');
     let mut row = |name: &str, f: &GainFigures| {
         out.push_str(&format!("| {name} | {} | {:.4} |", f.positions, f.full));
-        for v in f.cut.values() {
+        for &c in &cuts {
+            let v = f.cut.get(c).copied().unwrap_or(f64::NAN);
             out.push_str(&format!(" {v:.4} | {:.3} |", v / f.full));
         }
         out.push('\n');
@@ -1126,6 +1130,39 @@ mod tests {
         assert!(err(&soft, Ablation::Favor).contains("exact softmax"));
         assert_eq!(Ablation::Local.heads(&soft, "m").unwrap(), (0, 2));
         assert_eq!(Ablation::Favor.heads(&tiny(1), "m").unwrap(), (1, 4));
+    }
+
+    #[test]
+    fn the_context_table_lists_cuts_in_numeric_order() {
+        let cut: BTreeMap<String, f64> = [("1000".to_string(), 1.0), ("128".to_string(), 2.0)]
+            .into_iter()
+            .collect();
+        let f = GainFigures {
+            positions: 4,
+            full: 1.0,
+            cut: cut.clone(),
+        };
+        let g = ContextGain {
+            from: 1024,
+            stride: 1,
+            block: 8,
+            positions: 4,
+            pieces: 1,
+            full: 1.0,
+            ratio: cut.clone(),
+            cut,
+            by_type: [("Pitch".to_string(), f.clone())].into_iter().collect(),
+            by_source: BTreeMap::new(),
+        };
+        let t = context_table(&g);
+        let (a, b) = (t.find("last 128").unwrap(), t.find("last 1000").unwrap());
+        assert!(a < b, "{t}");
+        // each row's figures follow the header's order: 128 (2.0) first
+        assert!(
+            t.contains("| all | 4 | 1.0000 | 2.0000 | 2.000 | 1.0000 | 1.000 |"),
+            "{t}"
+        );
+        assert!(t.contains("| Pitch | 4 | 1.0000 | 2.0000 |"), "{t}");
     }
 
     #[test]
