@@ -473,7 +473,7 @@ pub fn eval(a: EvalArgs) -> Result<i32> {
                 format!(
                     "; blocks of {}: cut C sees the last C to C + {} tokens",
                     g.block,
-                    (g.block - 1) * g.stride
+                    (g.block - 1).saturating_mul(g.stride)
                 )
             } else {
                 String::new()

@@ -1005,6 +1005,53 @@ mod tests {
             (got - exact.cut["3"]).abs() > 1e-4,
             "blocks saw no more past than exact cuts"
         );
+        // stride 2, blocks of 3, two cuts, per token type: q_j sees C + 2j tokens; the
+        // shorter piece (positions 10, 12, ..., 30) reaches only 28 and 30 of its last block
+        // (and a PAD at position 20 of the first, which neither pass scores)
+        let mut a = ids(&v, 40, 3);
+        a[20] = crate::tokenizer::PAD_ID;
+        let windows: Vec<(String, Vec<u32>)> = vec![
+            ("folk/a.mid".into(), a),
+            ("classical/b.mid".into(), ids(&v, 31, 4)),
+        ];
+        let full = full_nll(&m, &v, &windows);
+        let g = context_gain(&m, &v, &windows, &full, &[3, 5], 10, 2, 3);
+        assert_eq!((g.positions, g.block), (15 - 1 + 11, 3));
+        // (type, cut) -> (sum, count), one window of its own per position
+        let mut want: BTreeMap<(String, usize), (f64, u64)> = BTreeMap::new();
+        for (_, w) in &windows {
+            for p in (10..w.len()).step_by(2) {
+                if w[p] == crate::tokenizer::PAD_ID {
+                    continue;
+                }
+                let q0 = p - 2 * (((p - 10) / 2) % 3);
+                for c in [3, 5] {
+                    let start = q0 - c;
+                    let bars = [bars_before(&w[..start])];
+                    let nll = crate::eval::last_token_nll(
+                        &m,
+                        &[&w[start..p]],
+                        &[w[p]],
+                        start,
+                        Some(&bars),
+                    );
+                    let kind = v.kind(w[p]).unwrap().to_string();
+                    let e = want.entry((kind, c)).or_default();
+                    e.0 += nll[0];
+                    e.1 += 1;
+                }
+            }
+        }
+        for ((kind, c), (sum, n)) in &want {
+            let f = &g.by_type[kind];
+            assert_eq!(f.positions, *n, "{kind}");
+            let got = f.cut[&c.to_string()];
+            assert!(
+                (got - sum / *n as f64).abs() < 1e-5,
+                "{kind}, cut {c}: {got} vs {}",
+                sum / *n as f64
+            );
+        }
     }
 
     #[test]
