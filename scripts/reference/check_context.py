@@ -389,7 +389,8 @@ def main():
            "--threads", "1", "--window", "8", "--context", data, "--context-cut", "8,16", "--context-from", "32",
            "--context-stride", "4", "--context-min-len", "40", "--context-max-len", str(SEQ_LEN),
            "--context-max-pieces", "5"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    weights = os.path.join(work, "gpt.pt")
+    r = subprocess.run(cmd + ["--save-weights", weights], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.load(open(out))
     g = rep["context_gain"]
@@ -407,6 +408,33 @@ def main():
     assert [w[0] for w in rep["context_data"]["windows"]] == [s for s, _ in windows]
     print(f"train_ref.py --context: report keys = cadenza's ContextGain {keys}; {g['positions']} positions "
           f"of {g['pieces']} pieces, full {g['full']:.4f}, ratios {g['ratio']}")
+
+    # -- saved weights: scored again without training, the same figures ------------------
+    out2 = os.path.join(work, "gpt-loaded.json")
+    again = [out2 if a == out else a for a in cmd] + ["--load-weights", weights]
+    r = subprocess.run(again, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep2 = json.load(open(out2))
+    assert rep2["steps"] == 0 and rep2["loaded_weights"] == weights
+    assert math.isclose(rep2["loss"], rep["loss"], rel_tol=1e-9), (rep2["loss"], rep["loss"])
+    close(rep2["context_gain"], g, "gpt loaded", 1e-9)
+    # the refusals: both flags, another shape, a file that is not weights, writing over --out
+    for extra, words, what in (
+            (["--save-weights", os.path.join(work, "x.pt")], ["one or the other"], "save and load"),
+            (["--d-model", "16"], ["shape"], "another shape"),
+    ):
+        r = subprocess.run(again + extra, capture_output=True, text=True)
+        assert r.returncode != 0 and all(w in r.stderr for w in words), (what, r.stderr[-500:])
+        print(f"  refused ({what}): {r.stderr.strip().splitlines()[-1]}")
+    junk = os.path.join(work, "junk.pt")
+    with open(junk, "w") as f:
+        f.write("not weights")
+    bad = [a if a != weights else junk for a in again]
+    r = subprocess.run(bad, capture_output=True, text=True)
+    assert r.returncode != 0 and "not weights saved by train_ref.py" in r.stderr, r.stderr[-500:]
+    r = subprocess.run(cmd + ["--save-weights", out], capture_output=True, text=True)
+    assert r.returncode != 0 and "the same file as --out" in r.stderr, r.stderr[-500:]
+    print(f"train_ref.py --save-weights / --load-weights: the same loss and context gain, refusals named")
     print("check_context: all checks passed")
 
 

@@ -6,9 +6,12 @@
                  [--context DATASET --context-cut C[,C] [--context-from P] [--context-stride S]
                   [--context-heldout SEED,FRACTION]
                   [--context-min-len N] [--context-max-len N] [--context-max-pieces N]]
+                 [--save-weights FILE.pt | --load-weights FILE.pt]
 
 Trains one model on the probe's batches (train.bin, step s = rows [s*B, (s+1)*B)),
 then evaluates it on the probe's validation windows and writes a JSON report.
+--save-weights keeps the trained weights; --load-weights skips training and scores weights
+saved so (the same --model and shape), e.g. a context gain at other positions.
 With --context (gpt only), also the context gain of `cadenza eval --context-cut` on the
 pieces of a dataset made by `cadenza tokenize`, selected as `cadenza eval` selects them.
 The probe format and every metric are described in scripts/reference/README.md.
@@ -588,6 +591,45 @@ def context_setup(args, meta):
 # ---------------------------------------------------------------------------
 
 
+def check_weights_paths(save, load, out):
+    """The weight files' refusals: not both flags, no file written over one read, a save
+    path that is a regular file or nothing, a load path that exists."""
+    if save and load:
+        sys.exit("--save-weights and --load-weights: one or the other (loaded weights are not trained)")
+    if save:
+        if os.path.exists(save) and not os.path.isfile(save):
+            sys.exit(f"--save-weights {save}: exists and is not a regular file")
+        if os.path.abspath(save) == os.path.abspath(out):
+            sys.exit(f"--save-weights {save}: the same file as --out")
+    if load:
+        if not os.path.isfile(load):
+            sys.exit(f"--load-weights {load}: no such file")
+        if os.path.abspath(load) == os.path.abspath(out):
+            sys.exit(f"--load-weights {load}: the same file as --out, which this run writes")
+
+
+def save_weights(path, kind, meta, model):
+    """The model's weights with what they fit: the --model kind and the shape."""
+    torch.save({"model": kind, "shape": meta["model"], "vocab_size": meta["vocab_size"],
+                "seq_len": meta["seq_len"], "state": model.state_dict()}, path)
+
+
+def load_weights(path, kind, meta, model):
+    """Weights saved by save_weights into `model`, after checking they fit it."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        ok = isinstance(saved, dict) and "state" in saved
+    except Exception as e:  # a truncated or foreign file
+        sys.exit(f"--load-weights {path}: not weights saved by train_ref.py ({e})")
+    if not ok:
+        sys.exit(f"--load-weights {path}: not weights saved by train_ref.py")
+    want = {"model": kind, "shape": meta["model"], "vocab_size": meta["vocab_size"], "seq_len": meta["seq_len"]}
+    for k, v in want.items():
+        if saved.get(k) != v:
+            sys.exit(f"--load-weights {path}: saved for {k} = {saved.get(k)}, this run has {v}")
+    model.load_state_dict(saved["state"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["gpt", "performer"], required=True)
@@ -616,7 +658,11 @@ def main():
                     help="positions to score per piece (default: twice the probe's seq_len)")
     ap.add_argument("--context-max-pieces", type=int, default=0,
                     help="at most this many pieces, spread evenly (0 = all, the default)")
+    ap.add_argument("--save-weights", metavar="FILE.pt", help="keep the trained weights in this file")
+    ap.add_argument("--load-weights", metavar="FILE.pt",
+                    help="score these weights (saved by --save-weights, same --model and shape) without training")
     args = ap.parse_args()
+    check_weights_paths(args.save_weights, args.load_weights, args.out)
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -638,7 +684,11 @@ def main():
         if getattr(args, name) is not None:
             meta["model"][key] = getattr(args, name)
 
-    model = build_model(args.model, meta).to(device)
+    model = build_model(args.model, meta)
+    if args.load_weights:
+        load_weights(args.load_weights, args.model, meta, model)
+        S = 0  # scored as loaded
+    model = model.to(device)
     params = sum(p.numel() for p in model.parameters())
     opt, decay_names = make_optimizer(model, tc)
     # torch's CUDA wheel alone puts some hundreds of MB in RSS; report it so it can be subtracted.
@@ -678,6 +728,9 @@ def main():
                   f"tok/s {(step + 1) * B * L / train_seconds:.0f}", flush=True)
 
     tokens_per_s = S * B * L / train_seconds if train_seconds > 0 else None
+    if args.save_weights:
+        save_weights(args.save_weights, args.model, meta, model)
+        print(f"weights -> {args.save_weights}", flush=True)
     ev = evaluate(model, meta, val, ctx, device)
     gain = None
     if context is not None:
@@ -694,6 +747,7 @@ def main():
         "params": params,
         "steps": S,
         "epochs": args.epochs,
+        "loaded_weights": args.load_weights,
         "shape": meta["model"],
         "batch": B,
         "seq_len": L,
@@ -719,7 +773,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    print(f"val loss {ev['loss']:.4f}  tokens/s {tokens_per_s:.0f}  peak RSS {peak_rss_mb:.0f} MB  -> {args.out}",
+    print(f"val loss {ev['loss']:.4f}  tokens/s {tokens_per_s or 0:.0f}  peak RSS {peak_rss_mb:.0f} MB  -> {args.out}",
           flush=True)
 
 
