@@ -265,41 +265,14 @@ pub fn score_window(
     })
 }
 
-/// NLL of `targets[b]` after `windows[b]`, each window a fresh forward at absolute
-/// positions `offset..offset + C` (every window of one call the same length C >= 1 and the
-/// same offset): one batched `forward_t` with the frozen noise, the logits of the last
-/// position scored. This is the "only the last C tokens" half of the context gain: the
-/// window starts at its absolute offset, so relative position codes see the lags of the
-/// full pass. [`window_nll`] with each target appended to its window.
-pub fn last_token_nll(
-    model: &Transformer,
-    windows: &[&[u32]],
-    targets: &[u32],
-    offset: usize,
-    bars: Option<&[i64]>,
-) -> Vec<f64> {
-    assert_eq!(windows.len(), targets.len(), "one target per window");
-    let Some(c) = windows.first().map(|w| w.len()) else {
-        return Vec::new();
-    };
-    let whole: Vec<Vec<u32>> = windows
-        .iter()
-        .zip(targets)
-        .map(|(w, &t)| w.iter().copied().chain([t]).collect())
-        .collect();
-    let whole: Vec<&[u32]> = whole.iter().map(|w| w.as_slice()).collect();
-    window_nll(model, &whole, &[c], offset, bars)
-        .into_iter()
-        .map(|v| v[0])
-        .collect()
-}
-
 /// NLL of the tokens at indices `at` of every window, each token scored from the tokens
 /// before it in its window: `out[b][i]` is the NLL of `windows[b][at[i]]` given
 /// `windows[b][..at[i]]`. Every window of one call has the same length, begins at absolute
 /// position `offset` and is one row of a single batched forward with the frozen noise;
 /// every index in `at` is at least 1 and below the length. One forward thus scores many
-/// positions of a window, each with its own amount of past (the context gain's blocks).
+/// positions of a window, each with its own amount of past (the context gain's blocks):
+/// this is the "only the last C tokens" half of the context gain, the window starting at
+/// its absolute offset so that relative position codes see the lags of the full pass.
 pub fn window_nll(
     model: &Transformer,
     windows: &[&[u32]],

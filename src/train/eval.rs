@@ -911,6 +911,42 @@ mod tests {
             .collect()
     }
 
+    /// A folk and a classical piece of `a.0` and `b.0` ids (seeds `a.1`, `b.1`).
+    fn two_pieces(v: &Vocab, a: (usize, u64), b: (usize, u64)) -> Vec<(String, Vec<u32>)> {
+        vec![
+            ("folk/a.mid".into(), ids(v, a.0, a.1)),
+            ("classical/b.mid".into(), ids(v, b.0, b.1)),
+        ]
+    }
+
+    /// NLL of `targets[b]` after `windows[b]` at `offset`: [`crate::eval::window_nll`]
+    /// with each target appended to its window.
+    fn last_token_nll(
+        m: &Transformer,
+        windows: &[&[u32]],
+        targets: &[u32],
+        offset: usize,
+    ) -> Vec<f64> {
+        let whole: Vec<Vec<u32>> = windows
+            .iter()
+            .zip(targets)
+            .map(|(w, &t)| w.iter().copied().chain([t]).collect())
+            .collect();
+        let whole: Vec<&[u32]> = whole.iter().map(|w| w.as_slice()).collect();
+        let last = windows.first().map_or(0, |w| w.len());
+        crate::eval::window_nll(m, &whole, &[last], offset, None)
+            .into_iter()
+            .map(|v| v[0])
+            .collect()
+    }
+
+    /// NLL of `w[p]` from `w[start..p]` alone, at its absolute offset and with the bar
+    /// index the whole past gives it: one position's own cut window.
+    fn own_window_nll(m: &Transformer, w: &[u32], start: usize, p: usize) -> f64 {
+        let bars = [bars_before(&w[..start])];
+        crate::eval::window_nll(m, &[&w[start..=p]], &[p - start], start, Some(&bars))[0][0]
+    }
+
     fn mean_loss(m: &Transformer, v: &Vocab, w: &[u32]) -> f64 {
         let s = score_window(m, v, &PitchTable::new(v), w);
         s.iter().map(|s| s.nll).sum::<f64>() / s.len() as f64
@@ -920,10 +956,7 @@ mod tests {
     fn a_cut_longer_than_the_past_is_the_full_pass() {
         let v = vocab();
         let (_vs, m) = model(&v, "spe-sine", 2, 8);
-        let windows: Vec<(String, Vec<u32>)> = vec![
-            ("folk/a.mid".into(), ids(&v, 40, 1)),
-            ("classical/b.mid".into(), ids(&v, 33, 2)),
-        ];
+        let windows = two_pieces(&v, (40, 1), (33, 2));
         let full = full_nll(&m, &v, &windows);
         // cut 64 >= every p: the window is the whole past; cut 3 is a real cut
         let g = context_gain(&m, &v, &windows, &full, &[3, 64], 10, 3, 1);
@@ -972,10 +1005,7 @@ mod tests {
     fn a_block_scores_each_position_with_its_own_past() {
         let v = vocab();
         let (_vs, m) = model(&v, "spe-sine", 2, 8);
-        let windows: Vec<(String, Vec<u32>)> = vec![
-            ("folk/a.mid".into(), ids(&v, 40, 1)),
-            ("classical/b.mid".into(), ids(&v, 33, 2)),
-        ];
+        let windows = two_pieces(&v, (40, 1), (33, 2));
         let full = full_nll(&m, &v, &windows);
         let exact = context_gain(&m, &v, &windows, &full, &[3], 10, 1, 1);
         let blocks = context_gain(&m, &v, &windows, &full, &[3], 10, 1, 4);
@@ -989,10 +1019,7 @@ mod tests {
         for (_, w) in &windows {
             for p in 10..w.len() {
                 let q0 = p - (p - 10) % 4;
-                let bars = [bars_before(&w[..q0 - 3])];
-                let nll =
-                    crate::eval::last_token_nll(&m, &[&w[q0 - 3..p]], &[w[p]], q0 - 3, Some(&bars));
-                want += nll[0];
+                want += own_window_nll(&m, w, q0 - 3, p);
             }
         }
         let got = blocks.cut["3"];
@@ -1008,12 +1035,8 @@ mod tests {
         // stride 2, blocks of 3, two cuts, per token type: q_j sees C + 2j tokens; the
         // shorter piece (positions 10, 12, ..., 30) reaches only 28 and 30 of its last block
         // (and a PAD at position 20 of the first, which neither pass scores)
-        let mut a = ids(&v, 40, 3);
-        a[20] = crate::tokenizer::PAD_ID;
-        let windows: Vec<(String, Vec<u32>)> = vec![
-            ("folk/a.mid".into(), a),
-            ("classical/b.mid".into(), ids(&v, 31, 4)),
-        ];
+        let mut windows = two_pieces(&v, (40, 3), (31, 4));
+        windows[0].1[20] = crate::tokenizer::PAD_ID;
         let full = full_nll(&m, &v, &windows);
         let g = context_gain(&m, &v, &windows, &full, &[3, 5], 10, 2, 3);
         assert_eq!((g.positions, g.block), (15 - 1 + 11, 3));
@@ -1026,18 +1049,9 @@ mod tests {
                 }
                 let q0 = p - 2 * (((p - 10) / 2) % 3);
                 for c in [3, 5] {
-                    let start = q0 - c;
-                    let bars = [bars_before(&w[..start])];
-                    let nll = crate::eval::last_token_nll(
-                        &m,
-                        &[&w[start..p]],
-                        &[w[p]],
-                        start,
-                        Some(&bars),
-                    );
                     let kind = v.kind(w[p]).unwrap().to_string();
                     let e = want.entry((kind, c)).or_default();
-                    e.0 += nll[0];
+                    e.0 += own_window_nll(&m, w, q0 - c, p);
                     e.1 += 1;
                 }
             }
@@ -1071,7 +1085,7 @@ mod tests {
         // the NLL of every target after w[p-c..p] at `offset`: (V - 1) scores
         let dist = |p: usize, c: usize, offset: usize| {
             let windows: Vec<&[u32]> = vec![&w[p - c..p]; every.len()];
-            crate::eval::last_token_nll(&m, &windows, &every, offset, None)
+            last_token_nll(&m, &windows, &every, offset)
         };
         for p in [12usize, 20, 29] {
             let c = 8;
@@ -1092,8 +1106,8 @@ mod tests {
         }
         // batched windows of one offset score as they do alone
         let (a, b) = (ids(&v, 9, 4), ids(&v, 9, 5));
-        let both = crate::eval::last_token_nll(&m, &[&a[..8], &b[..8]], &[a[8], b[8]], 5, None);
-        let one = crate::eval::last_token_nll(&m, &[&b[..8]], &[b[8]], 5, None);
+        let both = last_token_nll(&m, &[&a[..8], &b[..8]], &[a[8], b[8]], 5);
+        let one = last_token_nll(&m, &[&b[..8]], &[b[8]], 5);
         assert!((both[1] - one[0]).abs() < 1e-5);
     }
 
