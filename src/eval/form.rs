@@ -32,11 +32,11 @@
 //!
 //! Every function is total: any token stream gives finite values or None.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::tokenizer::{Token, Vocab};
+use crate::tokenizer::{Token, Vocab, BAR_ID};
 
 /// Longest lag of the bar-similarity curve, in bars.
 pub const MAX_LAG: usize = 32;
@@ -227,6 +227,25 @@ pub fn bar_returns(bars: &[Bar], min_lag: usize) -> Vec<Option<bool>> {
             (!near).then_some(false)
         })
         .collect()
+}
+
+/// For every token of `ids`, how many tokens back the nearest earlier bar with exactly
+/// its bar's tokens begins, None when no earlier bar has them (or the token precedes the
+/// first `Bar`). Unlike [`bars`], a bar here is its tokens verbatim, from its `Bar` token
+/// up to the next one (or the end of `ids`), as in `scripts/form/far-repeats.py`: every
+/// token of a bar gets the distance between the two bars' `Bar` tokens, which is how far
+/// back a model must look to copy the token. It sorts the context gain's positions
+/// (`cadenza eval --context-cut`) by where a copy of them lies.
+pub fn bar_copy_distances(ids: &[u32]) -> Vec<Option<usize>> {
+    let starts: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == BAR_ID).collect();
+    let mut out = vec![None; ids.len()];
+    let mut last_seen: HashMap<&[u32], usize> = HashMap::new();
+    for (j, &s) in starts.iter().enumerate() {
+        let end = starts.get(j + 1).copied().unwrap_or(ids.len());
+        let copy = last_seen.insert(&ids[s + 1..end], s).map(|prev| s - prev);
+        out[s..end].fill(copy);
+    }
+    out
 }
 
 /// The form measures of one piece.
@@ -489,6 +508,24 @@ mod tests {
         assert!(tb[23..44].iter().all(|&b| b == Some(2)));
         assert_eq!(tb[44], None, "EOS stands in no bar");
         assert_eq!(bars(&ids, &v).len(), 3, "as many bars as bars() reads");
+    }
+
+    #[test]
+    fn bar_copy_distances_point_at_the_nearest_verbatim_copy() {
+        let (a, b, c, x) = (200, 201, 300, 400);
+        let ids = [
+            BOS_ID, BAR_ID, a, b, BAR_ID, c, BAR_ID, a, b, BAR_ID, c, BAR_ID, a, b, BAR_ID, a, b, x,
+        ];
+        let five = Some(5);
+        // BOS belongs to no bar; the first [a, b] and [c] are fresh; the bar at 11 is
+        // 5 back from the one at 6, not 10 from the first; [a, b, x] is not [a, b]
+        let want = [
+            None, None, None, None, None, None, five, five, five, five, five, five, five, five,
+            None, None, None, None,
+        ];
+        assert_eq!(bar_copy_distances(&ids), want);
+        assert_eq!(bar_copy_distances(&[]), Vec::<Option<usize>>::new());
+        assert_eq!(bar_copy_distances(&[BOS_ID, a, b]), [None; 3]);
     }
 
     #[test]

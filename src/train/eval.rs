@@ -212,6 +212,43 @@ pub struct ContextGain {
     pub by_type: BTreeMap<String, GainFigures>,
     /// The same per source group.
     pub by_source: BTreeMap<String, GainFigures>,
+    /// The same by where the nearest verbatim copy of the target's bar begins
+    /// ([`crate::eval::form::bar_copy_distances`]), in bands of distance d split at the
+    /// cuts (see [`copy_bands`]): "copy <= C1 back", "copy C1+1-C2 back", ...,
+    /// "copy > Ck back", and "fresh" (no earlier copy). A cut to C keeps the copies of
+    /// the bands up to C and loses the others: where the past beyond C could be copied,
+    /// the bands beyond C say whether the model does (absent in reports from before it).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_copy: BTreeMap<String, GainFigures>,
+}
+
+/// The labels of [`ContextGain::by_copy`]'s bands for sorted, distinct `cuts`: the copy
+/// bands nearest first (distance d <= C1, C1 < d <= C2, ..., d > Ck), then "fresh".
+pub fn copy_bands(cuts: &[usize]) -> Vec<String> {
+    let mut out = Vec::with_capacity(cuts.len() + 2);
+    let mut low = 0;
+    for &c in cuts {
+        out.push(if low == 0 {
+            format!("copy <= {c} back")
+        } else {
+            format!("copy {}-{c} back", low + 1)
+        });
+        low = c;
+    }
+    if let Some(&last) = cuts.last() {
+        out.push(format!("copy > {last} back"));
+    }
+    out.push("fresh".to_string());
+    out
+}
+
+/// The label of [`copy_bands`] that a copy `distance` back (None: no copy) falls in.
+fn copy_band(distance: Option<usize>, cuts: &[usize]) -> String {
+    let bands = copy_bands(cuts);
+    match distance {
+        None => bands[bands.len() - 1].clone(),
+        Some(d) => bands[cuts.iter().take_while(|&&c| d > c).count()].clone(),
+    }
 }
 
 /// Running sums behind [`GainFigures`]: (full sum, per-cut sums, count).
@@ -310,6 +347,11 @@ pub fn context_gain(
     let mut all = GainSums::default();
     let mut types: BTreeMap<String, GainSums> = BTreeMap::new();
     let mut sources: BTreeMap<String, GainSums> = BTreeMap::new();
+    let mut copies: BTreeMap<String, GainSums> = BTreeMap::new();
+    let distances: Vec<Vec<Option<usize>>> = windows
+        .iter()
+        .map(|(_, w)| crate::eval::form::bar_copy_distances(w))
+        .collect();
     let mut used = BTreeSet::new();
     let positions: Vec<usize> = (from.max(1)..longest).step_by(stride).collect();
     for chunk in positions.chunks(block) {
@@ -353,6 +395,10 @@ pub fn context_gain(
                                 .entry(crate::eval::source_group(&windows[k].0))
                                 .or_default()
                                 .add(f, c, v, first_cut);
+                            copies
+                                .entry(copy_band(distances[k][p], cuts))
+                                .or_default()
+                                .add(f, c, v, first_cut);
                             used.insert(k);
                         }
                     }
@@ -377,6 +423,10 @@ pub fn context_gain(
         ratio,
         by_type: types.iter().map(|(k, s)| (k.clone(), s.finish())).collect(),
         by_source: sources
+            .iter()
+            .map(|(k, s)| (k.clone(), s.finish()))
+            .collect(),
+        by_copy: copies
             .iter()
             .map(|(k, s)| (k.clone(), s.finish()))
             .collect(),
@@ -456,6 +506,25 @@ pub fn context_table(g: &ContextGain) -> String {
         for (k, f) in &g.by_source {
             row(&format!("source {k}"), f);
         }
+    }
+    // the copy bands nearest first (as labelled for these cuts), then any other key
+    let numeric: Vec<usize> = cuts.iter().filter_map(|c| c.parse().ok()).collect();
+    let mut bands = copy_bands(&numeric);
+    bands.retain(|b| g.by_copy.contains_key(b));
+    bands.extend(
+        g.by_copy
+            .keys()
+            .filter(|k| !bands.contains(k))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    for b in &bands {
+        let name = if b == "fresh" {
+            "fresh bar (no verbatim copy before)".to_string()
+        } else {
+            format!("bar, {b}")
+        };
+        row(&name, &g.by_copy[b]);
     }
     out
 }
@@ -1069,6 +1138,71 @@ mod tests {
     }
 
     #[test]
+    fn positions_are_banded_by_where_their_bars_copy_lies() {
+        use crate::tokenizer::BAR_ID;
+        let v = vocab();
+        let (_vs, m) = model(&v, "spe-sine", 2, 8);
+        let no_bars = |n, seed| -> Vec<u32> {
+            ids(&v, n, seed)
+                .into_iter()
+                .map(|t| if t == BAR_ID { BAR_ID + 1 } else { t })
+                .collect()
+        };
+        // piece a: bars at 4, 8, 20, 24, 30; the bar at 20 is the one at 4 again (16 back)
+        let mut a = no_bars(40, 5);
+        a[4..9].copy_from_slice(&[BAR_ID, 100, 101, 102, BAR_ID]);
+        a[20..25].copy_from_slice(&[BAR_ID, 100, 101, 102, BAR_ID]);
+        a[30] = BAR_ID;
+        // piece b: bars at 10, 13, 16, 20, 23; 13 copies 10 (3 back), 20 copies 13 (7 back)
+        let mut b = no_bars(36, 6);
+        b[10..17].copy_from_slice(&[BAR_ID, 100, 101, BAR_ID, 100, 101, BAR_ID]);
+        b[20..24].copy_from_slice(&[BAR_ID, 100, 101, BAR_ID]);
+        let windows = vec![("a.mid".to_string(), a), ("b.mid".to_string(), b)];
+        let full = full_nll(&m, &v, &windows);
+        let g = context_gain(&m, &v, &windows, &full, &[3, 10], 10, 1, 1);
+        assert_eq!(g.positions, 30 + 26);
+        // (band, positions) as built above: a 20..=23, b 13..=15 and 20..=22
+        let want: [(&str, Vec<(usize, usize)>); 3] = [
+            ("copy > 10 back", (20..24).map(|p| (0, p)).collect()),
+            ("copy <= 3 back", (13..16).map(|p| (1, p)).collect()),
+            ("copy 4-10 back", (20..23).map(|p| (1, p)).collect()),
+        ];
+        let mut copied = 0;
+        for (band, at) in &want {
+            let f = &g.by_copy[*band];
+            assert_eq!(f.positions, at.len() as u64, "{band}");
+            let mean = |nll: &dyn Fn(usize, usize) -> f64| {
+                at.iter().map(|&(k, p)| nll(k, p)).sum::<f64>() / at.len() as f64
+            };
+            assert!((f.full - mean(&|k, p| full[k][p])).abs() < 1e-12, "{band}");
+            let cut3 = mean(&|k, p| own_window_nll(&m, &windows[k].1, p - 3, p));
+            assert!(
+                (f.cut["3"] - cut3).abs() < 1e-5,
+                "{band}: {} vs {cut3}",
+                f.cut["3"]
+            );
+            copied += at.len() as u64;
+        }
+        assert_eq!(g.by_copy["fresh"].positions, g.positions - copied);
+        assert_eq!(g.by_copy.len(), 4);
+        let t = context_table(&g);
+        let rows: Vec<usize> = [
+            "copy <= 3 back",
+            "copy 4-10 back",
+            "copy > 10 back",
+            "fresh bar",
+        ]
+        .iter()
+        .map(|r| t.find(r).unwrap_or_else(|| panic!("{r} missing: {t}")))
+        .collect();
+        assert!(rows.windows(2).all(|w| w[0] < w[1]), "{t}");
+        assert_eq!(copy_bands(&[]), ["fresh"]);
+        assert_eq!(copy_band(Some(3), &[3, 10]), "copy <= 3 back");
+        assert_eq!(copy_band(Some(4), &[3, 10]), "copy 4-10 back");
+        assert_eq!(copy_band(Some(11), &[3, 10]), "copy > 10 back");
+    }
+
+    #[test]
     fn cut_windows_sit_at_their_absolute_offset() {
         // All heads local (window 4, 2 layers: 7 tokens of receptive field) with APE: a
         // cut of 8 sees all the full pass sees, at the same absolute positions, so it
@@ -1214,6 +1348,7 @@ mod tests {
             cut,
             by_type: [("Pitch".to_string(), f.clone())].into_iter().collect(),
             by_source: BTreeMap::new(),
+            by_copy: BTreeMap::new(),
         };
         let t = context_table(&g);
         let (a, b) = (t.find("last 128").unwrap(), t.find("last 1000").unwrap());
