@@ -79,6 +79,9 @@ def synthetic_pieces():
     ids[41] = 0  # a pad target inside the scored range
     out.insert(5, ("folk/padded.mid", ids))
     out.insert(2, ("jazz/short.mid", [1, 2]))
+    # bars copied 4 (<= 5), 11 (6-12), and 14, 15, 18, 25 (> 12) ids back, for by_copy
+    x, y, z = [3, 4, 20, 36], [3, 5, 21, 37, 6, 22, 38], [3, 7, 23, 39, 8, 24, 36]
+    out.append(("folk/copies.mid", [1] + x + x + y + z + y + x + z + x + x + z + [2]))
     return out
 
 
@@ -118,7 +121,7 @@ def naive_gain(model, meta, windows, cuts, from_, stride):
                 s = max(0, p - c)
                 cut[c] = -float(logp_last(model, ids[s:p], s)[y])
             grp = src.split("/")[0] if "/" in src.strip("/") else "."
-            rows.append((k, p, types[tt[y]], grp, full, cut))
+            rows.append((k, p, types[tt[y]], grp, full, cut, naive_band(ids, p, cuts)))
 
     def fig(rs):
         n = len(rs)
@@ -131,7 +134,33 @@ def naive_gain(model, meta, windows, cuts, from_, stride):
         "full": allf["full"], "cut": allf["cut"], "ratio": {c: v / allf["full"] for c, v in allf["cut"].items()},
         "by_type": {t: fig([r for r in rows if r[2] == t]) for t in {r[2] for r in rows}},
         "by_source": {s: fig([r for r in rows if r[3] == s]) for s in {r[3] for r in rows}},
+        "by_copy": {b: fig([r for r in rows if r[6] == b]) for b in {r[6] for r in rows}},
     }, rows
+
+
+def naive_band(ids, p, cuts):
+    """The by_copy band of position p, by hand: the bar holding p (from the last Bar id at or
+    before p up to the next), then a walk back over every earlier Bar id for the nearest bar
+    with the same ids; its distance against the sorted cuts."""
+    bar = 3  # make_synthetic_probe's Bar id
+    s = max((i for i in range(p + 1) if ids[i] == bar), default=None)
+    if s is None:
+        return "fresh"
+    end = next((i for i in range(s + 1, len(ids)) if ids[i] == bar), len(ids))
+    for t in range(s - 1, -1, -1):
+        if ids[t] != bar:
+            continue
+        e = next((i for i in range(t + 1, len(ids)) if ids[i] == bar), len(ids))
+        if ids[t + 1:e] == ids[s + 1:end]:
+            d = s - t
+            cs = sorted(cuts)
+            if d > cs[-1]:
+                return f"copy > {cs[-1]} back"
+            i = next(i for i, c in enumerate(cs) if d <= c)
+            lo = cs[i - 1] + 1 if i else None
+            return (f"copy <= {cs[i]} back" if lo is None
+                    else f"copy {cs[i]} back" if lo == cs[i] else f"copy {lo}-{cs[i]} back")
+    return "fresh"
 
 
 def close(a, b, path, tol):
@@ -305,7 +334,9 @@ def main():
             n, rows = naive_gain(model, meta, ws, cuts, from_, stride)
             assert not any(r[1] == 41 and ws[r[0]][0] == "folk/padded.mid" for r in rows)
             close(g, n, f"{name} ({label})", 2e-5)
+            bands = {b: f["positions"] for b, f in g["by_copy"].items()}
             print(f"{name}, {label}: batched = naive loop ({g['positions']} positions, {g['pieces']} pieces, "
+                  f"copy bands {bands}, "
                   f"max |diff| {max_diff(g, n):.1e}); full {g['full']:.4f}, "
                   + ", ".join(f"cut {c} {v:.4f}" for c, v in g["cut"].items()))
 
@@ -395,12 +426,13 @@ def main():
     rep = json.load(open(out))
     g = rep["context_gain"]
     keys = rust_fields("ContextGain") or ["from", "stride", "block", "positions", "pieces", "full", "cut", "ratio",
-                                           "by_type", "by_source"]
+                                           "by_type", "by_source", "by_copy"]
     fig_keys = rust_fields("GainFigures") or ["positions", "full", "cut"]
     assert sorted(g) == sorted(keys), f"context_gain keys {sorted(g)} != ContextGain's {sorted(keys)}"
-    for grp in ("by_type", "by_source"):
+    for grp in ("by_type", "by_source", "by_copy"):
         for k, v in g[grp].items():
             assert sorted(v) == sorted(fig_keys), f"{grp}.{k}: keys {sorted(v)}"
+        assert sum(v["positions"] for v in g[grp].values()) == g["positions"], grp
     assert g["pieces"] == 5 and set(g["cut"]) == {"8", "16"} and g["block"] == 1
     for c, v in g["cut"].items():
         assert math.isclose(g["ratio"][c], v / g["full"], rel_tol=1e-12)

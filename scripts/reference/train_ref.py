@@ -492,6 +492,37 @@ def cut_nll(model, windows, jobs, c, device, batch=CUT_BATCH):
     return out
 
 
+def bar_copy_distances(ids, bar_id):
+    """cadenza's eval::form::bar_copy_distances: per id, how many ids back the nearest earlier
+    bar with exactly its bar's ids begins (a bar: its Bar id up to the next), None for none."""
+    starts = [i for i, t in enumerate(ids) if int(t) == bar_id]
+    out = [None] * len(ids)
+    last_seen = {}
+    for j, s in enumerate(starts):
+        end = starts[j + 1] if j + 1 < len(starts) else len(ids)
+        body = tuple(int(t) for t in ids[s + 1:end])
+        prev = last_seen.get(body)
+        last_seen[body] = s
+        out[s:end] = [None if prev is None else s - prev] * (end - s)
+    return out
+
+
+def copy_band(distance, cuts):
+    """cadenza's eval::copy_band: the by_copy label of a copy `distance` back among the sorted
+    cuts ("copy <= C1 back", "copy C1+1-C2 back" or "copy C2 back" when C2 = C1 + 1, ...,
+    "copy > Ck back"), "fresh" for no copy."""
+    if distance is None:
+        return "fresh"
+    below = [c for c in cuts if c < distance]
+    if len(below) == len(cuts):
+        return f"copy > {cuts[-1]} back"
+    c = cuts[len(below)]
+    if not below:
+        return f"copy <= {c} back"
+    low = below[-1] + 1
+    return f"copy {c} back" if low == c else f"copy {low}-{c} back"
+
+
 def gain_report(meta, windows, jobs, full, cuts, from_, stride):
     """The ContextGain of cadenza (src/train/eval.rs) from the per-job NLLs: `full` [jobs],
     cuts {C: [jobs]}."""
@@ -503,10 +534,16 @@ def gain_report(meta, windows, jobs, full, cuts, from_, stride):
         return {"positions": n, "full": float(sum(full[j] for j in sel)) / d,
                 "cut": {str(c): float(sum(v[j] for j in sel)) / d for c, v in cuts.items()}}
 
-    groups_t, groups_s = {}, {}
+    bar_id = next(i for i, t in enumerate(token_type) if types[t] == "Bar")
+    sorted_cuts = sorted(cuts)
+    distances = {}
+    groups_t, groups_s, groups_c = {}, {}, {}
     for j, (k, p) in enumerate(jobs):
         groups_t.setdefault(types[token_type[int(windows[k][1][p])]], []).append(j)
         groups_s.setdefault(source_group(windows[k][0]), []).append(j)
+        if k not in distances:
+            distances[k] = bar_copy_distances(windows[k][1], bar_id)
+        groups_c.setdefault(copy_band(distances[k][p], sorted_cuts), []).append(j)
     allf = figures(range(len(jobs)))
     return {
         "from": from_,
@@ -519,6 +556,7 @@ def gain_report(meta, windows, jobs, full, cuts, from_, stride):
         "ratio": {c: v / allf["full"] for c, v in allf["cut"].items()},  # cut / full, as cadenza
         "by_type": {t: figures(groups_t[t]) for t in sorted(groups_t)},
         "by_source": {s: figures(groups_s[s]) for s in sorted(groups_s)},
+        "by_copy": {b: figures(groups_c[b]) for b in sorted(groups_c)},
     }
 
 

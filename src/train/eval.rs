@@ -218,18 +218,25 @@ pub struct ContextGain {
     /// "copy > Ck back", and "fresh" (no earlier copy). A cut to C keeps the copies of
     /// the bands up to C and loses the others: where the past beyond C could be copied,
     /// the bands beyond C say whether the model does (absent in reports from before it).
+    /// With `block` > 1 the j-th position of a block sees C + j * stride tokens, so a copy
+    /// up to that much further back is still in its cut window. The last bar of a window
+    /// is compared as far as the window reaches (a copy it would have further on is not
+    /// seen).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub by_copy: BTreeMap<String, GainFigures>,
 }
 
 /// The labels of [`ContextGain::by_copy`]'s bands for sorted, distinct `cuts`: the copy
-/// bands nearest first (distance d <= C1, C1 < d <= C2, ..., d > Ck), then "fresh".
+/// bands nearest first (distance d <= C1, C1 < d <= C2, ..., d > Ck; "copy C2 back" when
+/// C2 = C1 + 1), then "fresh".
 pub fn copy_bands(cuts: &[usize]) -> Vec<String> {
     let mut out = Vec::with_capacity(cuts.len() + 2);
     let mut low = 0;
     for &c in cuts {
         out.push(if low == 0 {
             format!("copy <= {c} back")
+        } else if low + 1 == c {
+            format!("copy {c} back")
         } else {
             format!("copy {}-{c} back", low + 1)
         });
@@ -468,8 +475,9 @@ pub fn returns_table(r: &ReturnProbe) -> String {
     out
 }
 
-/// The context gain as a markdown table: one row overall, then one per token type and
-/// per source group; columns full NLL, then per cut its NLL and its ratio to full.
+/// The context gain as a markdown table: one row overall, then one per token type, per
+/// source group (when there are several) and per copy band, nearest first; columns full
+/// NLL, then per cut its NLL and its ratio to full.
 pub fn context_table(g: &ContextGain) -> String {
     // the cuts in numeric order (the JSON's keys are strings: "1000" sorts before "128")
     let mut cuts: Vec<&String> = g.cut.keys().collect();
@@ -1197,6 +1205,16 @@ mod tests {
         .collect();
         assert!(rows.windows(2).all(|w| w[0] < w[1]), "{t}");
         assert_eq!(copy_bands(&[]), ["fresh"]);
+        assert_eq!(
+            copy_bands(&[2, 3, 5]),
+            [
+                "copy <= 2 back",
+                "copy 3 back",
+                "copy 4-5 back",
+                "copy > 5 back",
+                "fresh"
+            ]
+        );
         assert_eq!(copy_band(Some(3), &[3, 10]), "copy <= 3 back");
         assert_eq!(copy_band(Some(4), &[3, 10]), "copy 4-10 back");
         assert_eq!(copy_band(Some(11), &[3, 10]), "copy > 10 back");
