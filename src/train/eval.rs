@@ -249,12 +249,12 @@ pub fn copy_bands(cuts: &[usize]) -> Vec<String> {
     out
 }
 
-/// The label of [`copy_bands`] that a copy `distance` back (None: no copy) falls in.
-fn copy_band(distance: Option<usize>, cuts: &[usize]) -> String {
-    let bands = copy_bands(cuts);
+/// The index in [`copy_bands`]`(cuts)` of the band a copy `distance` back (None: no
+/// copy) falls in.
+fn copy_band(distance: Option<usize>, cuts: &[usize]) -> usize {
     match distance {
-        None => bands[bands.len() - 1].clone(),
-        Some(d) => bands[cuts.iter().take_while(|&&c| d > c).count()].clone(),
+        None => cuts.len() + 1,
+        Some(d) => cuts.iter().take_while(|&&c| d > c).count(),
     }
 }
 
@@ -354,7 +354,8 @@ pub fn context_gain(
     let mut all = GainSums::default();
     let mut types: BTreeMap<String, GainSums> = BTreeMap::new();
     let mut sources: BTreeMap<String, GainSums> = BTreeMap::new();
-    let mut copies: BTreeMap<String, GainSums> = BTreeMap::new();
+    // per band of copy_bands(cuts), nearest first: each position's band, found once
+    let mut copies = vec![GainSums::default(); cuts.len() + 2];
     let distances: Vec<Vec<Option<usize>>> = windows
         .iter()
         .map(|(_, w)| crate::eval::form::bar_copy_distances(w))
@@ -402,10 +403,7 @@ pub fn context_gain(
                                 .entry(crate::eval::source_group(&windows[k].0))
                                 .or_default()
                                 .add(f, c, v, first_cut);
-                            copies
-                                .entry(copy_band(distances[k][p], cuts))
-                                .or_default()
-                                .add(f, c, v, first_cut);
+                            copies[copy_band(distances[k][p], cuts)].add(f, c, v, first_cut);
                             used.insert(k);
                         }
                     }
@@ -433,9 +431,11 @@ pub fn context_gain(
             .iter()
             .map(|(k, s)| (k.clone(), s.finish()))
             .collect(),
-        by_copy: copies
-            .iter()
-            .map(|(k, s)| (k.clone(), s.finish()))
+        by_copy: copy_bands(cuts)
+            .into_iter()
+            .zip(&copies)
+            .filter(|(_, s)| s.n > 0)
+            .map(|(band, s)| (band, s.finish()))
             .collect(),
     }
 }
@@ -1215,9 +1215,11 @@ mod tests {
                 "fresh"
             ]
         );
-        assert_eq!(copy_band(Some(3), &[3, 10]), "copy <= 3 back");
-        assert_eq!(copy_band(Some(4), &[3, 10]), "copy 4-10 back");
-        assert_eq!(copy_band(Some(11), &[3, 10]), "copy > 10 back");
+        let band = |d| copy_bands(&[3, 10])[copy_band(d, &[3, 10])].clone();
+        assert_eq!(band(Some(3)), "copy <= 3 back");
+        assert_eq!(band(Some(4)), "copy 4-10 back");
+        assert_eq!(band(Some(11)), "copy > 10 back");
+        assert_eq!(band(None), "fresh");
     }
 
     #[test]
