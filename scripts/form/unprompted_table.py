@@ -1,6 +1,8 @@
 """Summarizes scripts/form/unprompted.sh's OUT: the bar-similarity curve of the pieces
 against the held-out folk tunes, split by instruments, with the loops, the flat pieces,
-the guard's changes and the spread of an 8-piece mean. Usage: unprompted_table.py OUT..."""
+the guard's changes, a 90% interval of each ratio and the spread of an 8-piece mean; the
+same over the first 32 bars where OUT has stats-32.json; with several OUTs (seeds), each
+and then all pooled. Usage: unprompted_table.py OUT..."""
 import json
 import os
 import random
@@ -36,21 +38,27 @@ def fmt(means, real):
     return " | ".join(f"{m:.3f} ({m / r:.2f}x)" for m, r in zip(means, real))
 
 
-def summarize(out):
-    stats = json.load(open(os.path.join(out, "stats.json")))
-    real = [stats["real"]["summary"]["similarity_curve"][t - 1] for t in LAGS]
-    pieces = stats["generated"]["pieces"]
-    changes = 0
-    for p in pieces:
-        record = os.path.splitext(p["source"])[0] + ".json"
-        if os.path.exists(record):
-            changes += json.load(open(record)).get("guard_changes", 0)
-    groups = {"all": pieces, "program 0 alone": [], "other instruments": []}
-    for p in pieces:
-        key = "program 0 alone" if programs(p["source"]) == ["0"] else "other instruments"
-        groups[key].append(p)
-    print(f"## {out}\n")
-    print(f"{len(pieces)} pieces, guard changes {changes} ({changes / max(len(pieces), 1):.1f} per piece)\n")
+def interval(curves, real_curves, k, draws=2000):
+    """90% interval of mean L_t(pieces) / mean L_t(tunes), both resampled with replacement."""
+    gen = [c[k] for c in curves if c[k] is not None]
+    real = [c[k] for c in real_curves if c[k] is not None]
+    rng = random.Random(1)
+    ratios = sorted(
+        statistics.mean(rng.choices(gen, k=len(gen))) / statistics.mean(rng.choices(real, k=len(real)))
+        for _ in range(draws)
+    )
+    return ratios[draws // 20], ratios[draws - 1 - draws // 20]
+
+
+def table(title, pieces, real_pieces, real, with_programs):
+    """The L_t rows of `pieces` against the tunes' curve `real`, and the intervals."""
+    groups = {"all": pieces}
+    if with_programs:
+        groups.update({"program 0 alone": [], "other instruments": []})
+        for p in pieces:
+            key = "program 0 alone" if programs(p["source"]) == ["0"] else "other instruments"
+            groups[key].append(p)
+    print(f"{title}\n")
     print("| pieces | n | " + " | ".join(f"L_{t}" for t in LAGS) + " | loops (L_16 > 0.6) | flat (L_8 < 0.2) |")
     print("| --- | ---: |" + " ---: |" * (len(LAGS) + 2))
     print("| real folk tunes | | " + " | ".join(f"{r:.3f}" for r in real) + " | | |")
@@ -63,6 +71,12 @@ def summarize(out):
         flat = sum((c[3] or 0) < 0.2 for c in curves)
         print(f"| {name} | {len(group)} | {fmt(means, real)} | {loops} | {flat} |")
     curves = [curve(p) for p in pieces]
+    real_curves = [curve(p) for p in real_pieces]
+    spans = []
+    for k in range(len(LAGS)):
+        lo, hi = interval(curves, real_curves, k)
+        spans.append(f"L_{LAGS[k]} {lo:.2f}x-{hi:.2f}x")
+    print("\nratio to the tunes', 90% interval (pieces and tunes resampled): " + ", ".join(spans))
     if len(curves) >= 16:
         rng = random.Random(0)
         spans = []
@@ -73,5 +87,34 @@ def summarize(out):
     print()
 
 
+def guard_changes(pieces):
+    changes = 0
+    for p in pieces:
+        record = os.path.splitext(p["source"])[0] + ".json"
+        if os.path.exists(record):
+            changes += json.load(open(record)).get("guard_changes", 0)
+    return changes
+
+
+def summarize(outs, heading):
+    """One block: the pieces of every OUT in `outs` together, whole and over 32 bars."""
+    print(f"## {heading}\n")
+    for name, title in (("stats.json", "Whole pieces"), ("stats-32.json", "The first 32 bars of every piece and tune")):
+        paths = [os.path.join(out, name) for out in outs]
+        if not all(os.path.exists(p) for p in paths):
+            continue
+        runs = [json.load(open(p)) for p in paths]
+        pieces = [p for r in runs for p in r["generated"]["pieces"]]
+        # the same tunes in every run: take the first run's
+        real_pieces = runs[0]["real"]["pieces"]
+        real = [runs[0]["real"]["summary"]["similarity_curve"][t - 1] for t in LAGS]
+        if name == "stats.json":
+            changes = guard_changes(pieces)
+            print(f"{len(pieces)} pieces, guard changes {changes} ({changes / max(len(pieces), 1):.1f} per piece)\n")
+        table(f"{title}:", pieces, real_pieces, real, name == "stats.json")
+
+
 for out in sys.argv[1:]:
-    summarize(out)
+    summarize([out], out)
+if len(sys.argv) > 2:
+    summarize(sys.argv[1:], f"pooled: {len(sys.argv) - 1} runs")
