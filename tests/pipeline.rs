@@ -441,6 +441,8 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
         "40",
         "--top-p",
         "0.9",
+        "--min-p",
+        "0.02",
         "--max-same-pitch",
         "3",
         "--min-tokens",
@@ -493,6 +495,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     assert_eq!(rec.vocab_hash, vocab.hash());
     assert_eq!(rec.sample_config.temperature, 0.9);
     assert_eq!(rec.sample_config.top_k, 40);
+    assert_eq!(rec.sample_config.min_p, 0.02);
     assert_eq!(rec.sample_config.guard.max_same_pitch, 3);
     assert_eq!(rec.sample_config.earliest_end, Some(20));
     assert_eq!(rec.prompt.as_ref().and_then(|p| p.bars), Some(2));
@@ -522,7 +525,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     // generation_config.json gives the defaults; flags win over it.
     std::fs::write(
         full.join(checkpoint::GENERATION_CONFIG_FILE),
-        r#"{"tokens": 30, "temperature": 0.5, "repetition_guard": false}"#,
+        r#"{"tokens": 30, "temperature": 0.5, "min_p": 0.2, "repetition_guard": false}"#,
     )
     .unwrap();
     let (r3, _) = piece("r3");
@@ -541,6 +544,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     let rec: cadenza::cli::PieceRecord = checkpoint::read_json(&r3.with_extension("json")).unwrap();
     assert_eq!(rec.sample_config.max_tokens, 30);
     assert_eq!(rec.sample_config.temperature, 0.5);
+    assert_eq!(rec.sample_config.min_p, 0.2);
     assert!(!rec.sample_config.guard.enabled);
     assert_eq!(
         rec.sample_config.top_p, 0.95,
@@ -555,7 +559,12 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     assert_eq!(rec.sample_config.temperature, 0.5);
     // A corrupt file is an error that names it; a missing one means the
     // built-in defaults.
-    for bad in [r#"{"tokens": 30"#, r#"{"top-p": 0.5}"#, r#"{"top_p": 7}"#] {
+    for bad in [
+        r#"{"tokens": 30"#,
+        r#"{"top-p": 0.5}"#,
+        r#"{"top_p": 7}"#,
+        r#"{"min_p": 1}"#,
+    ] {
         std::fs::write(full.join(checkpoint::GENERATION_CONFIG_FILE), bad).unwrap();
         let out = Command::new(bin()).args(base(&r3)).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -91,6 +91,11 @@ pub struct GenerateArgs {
     /// Nucleus sampling threshold (1 = off) [default: 0.95].
     #[arg(long)]
     pub top_p: Option<f64>,
+    /// Keep only the tokens at least this fraction as likely as the likeliest one
+    /// (min-p sampling; 0 = off): it cuts more where the model is sure, as when it
+    /// plays a strain again, and less where it is not [default: 0].
+    #[arg(long)]
+    pub min_p: Option<f64>,
     /// Seed of the sampling and of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -151,6 +156,7 @@ struct Resolved {
     temperature: f64,
     top_k: usize,
     top_p: f64,
+    min_p: f64,
     constrained: bool,
     guard: sample::GuardConfig,
     programs: String,
@@ -174,6 +180,7 @@ fn resolve(a: &GenerateArgs, g: &checkpoint::GenerationConfig) -> Resolved {
         temperature: a.temperature.unwrap_or(g.temperature),
         top_k: a.top_k.unwrap_or(g.top_k),
         top_p: a.top_p.unwrap_or(g.top_p),
+        min_p: a.min_p.unwrap_or(g.min_p),
         constrained: !a.unconstrained && g.constrained,
         guard: sample::GuardConfig {
             enabled: !a.no_repetition_guard && g.repetition_guard,
@@ -278,6 +285,7 @@ impl PieceRecord {
         flag("--temperature", c.temperature.to_string());
         flag("--top-k", c.top_k.to_string());
         flag("--top-p", c.top_p.to_string());
+        flag("--min-p", c.min_p.to_string());
         flag("--max-note-quarters", c.guard.max_note_quarters.to_string());
         flag("--max-same-pitch", c.guard.max_same_pitch.to_string());
         flag(
@@ -505,6 +513,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         temperature: r.temperature,
         top_k: r.top_k,
         top_p: r.top_p,
+        min_p: r.min_p,
         seed: a.seed,
         constrained: r.constrained,
         earliest_end: r.earliest_end,

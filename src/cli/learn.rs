@@ -181,6 +181,10 @@ pub struct ContinueEvalArgs {
     /// Nucleus sampling threshold (1 = off).
     #[arg(long, default_value_t = 0.95)]
     pub top_p: f64,
+    /// Keep only the tokens at least this fraction as likely as the likeliest one
+    /// (min-p sampling; 0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
     /// Seed of the sampling and of the frozen SPE noise and FAVOR+ features.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -228,6 +232,7 @@ pub fn continue_eval(a: ContinueEvalArgs) -> Result<i32> {
     let base = crate::sample::SampleConfig {
         temperature: a.temperature,
         top_p: a.top_p,
+        min_p: a.min_p,
         seed: a.seed,
         guard: if a.no_repetition_guard {
             crate::sample::GuardConfig::off()

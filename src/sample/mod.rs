@@ -29,6 +29,10 @@ pub struct SampleConfig {
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches p (1 = all).
     pub top_p: f64,
+    /// Keep the tokens at least this fraction as likely as the likeliest (0 = all):
+    /// min-p sampling, which cuts more where the model is sure (a strain it is
+    /// playing again) and less where it is not.
+    pub min_p: f64,
     pub seed: u64,
     /// Forbid tokens the REMI grammar does not allow (on by default).
     pub constrained: bool,
@@ -52,6 +56,7 @@ impl Default for SampleConfig {
             temperature: 1.0,
             top_k: 0,
             top_p: 0.95,
+            min_p: 0.0,
             seed: 0,
             constrained: true,
             earliest_end: None,
@@ -68,6 +73,9 @@ impl SampleConfig {
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             bail!("--top-p must be in (0, 1] (got {})", self.top_p);
+        }
+        if !(0.0..1.0).contains(&self.min_p) {
+            bail!("--min-p must be in [0, 1) (got {})", self.min_p);
         }
         if self.max_bars == Some(0) {
             bail!("--max-bars must be at least 1");
@@ -105,9 +113,45 @@ pub struct Sample {
     pub drawn: usize,
 }
 
-/// Turns logits into a probability vector: temperature, then top-k, then
-/// top-p (nucleus). Entries outside the kept set are zero.
-pub fn filtered_probs(logits: &[f32], temperature: f64, top_k: usize, top_p: f64) -> Vec<f64> {
+/// How [`filtered_probs`] cuts the distribution after the temperature: each keeps a
+/// prefix of the tokens sorted by probability, and the shortest prefix wins.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Filter {
+    /// Keep the k most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches p (1 = all).
+    pub top_p: f64,
+    /// Keep the tokens at least this fraction as likely as the likeliest (0 = all).
+    pub min_p: f64,
+}
+
+impl Filter {
+    /// Nothing cut.
+    pub const NONE: Filter = Filter {
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+    };
+}
+
+impl From<&SampleConfig> for Filter {
+    fn from(c: &SampleConfig) -> Filter {
+        Filter {
+            top_k: c.top_k,
+            top_p: c.top_p,
+            min_p: c.min_p,
+        }
+    }
+}
+
+/// Turns logits into a probability vector: temperature, then top-k, top-p
+/// (nucleus) and min-p. Entries outside the kept set are zero.
+pub fn filtered_probs(logits: &[f32], temperature: f64, f: Filter) -> Vec<f64> {
+    let Filter {
+        top_k,
+        top_p,
+        min_p,
+    } = f;
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut p: Vec<f64> = logits
         .iter()
@@ -139,6 +183,11 @@ pub fn filtered_probs(logits: &[f32], temperature: f64, top_k: usize, top_p: f64
                 break;
             }
         }
+    }
+    if min_p > 0.0 {
+        // the likeliest token always stays (its own fraction is 1)
+        let floor = min_p * p[order[0]];
+        keep = keep.min(order.iter().take_while(|&&i| p[i] >= floor).count().max(1));
     }
     for &idx in &order[keep..] {
         p[idx] = 0.0;
@@ -196,7 +245,7 @@ pub fn choose(
         logits.iter().zip(&ban).map(neg).collect()
     });
     let logits = masked.as_deref().unwrap_or(logits);
-    let p = filtered_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p);
+    let p = filtered_probs(logits, cfg.temperature, Filter::from(cfg));
     let free = draw(&p, u, |_| true).unwrap_or(0);
     let allowed = |i: usize| !ban[i] && grammar.is_none_or(|g| g.allows(i as u32));
     if allowed(free) {
@@ -204,8 +253,8 @@ pub fn choose(
     }
     let corrected = grammar.is_some_and(|g| !g.allows(free as u32));
     let chosen = draw(&p, u, allowed).or_else(|| {
-        // Every allowed token was cut by top-k/top-p: fall back to all of them.
-        let full = filtered_probs(logits, cfg.temperature, 0, 1.0);
+        // Every allowed token was cut by top-k/top-p/min-p: fall back to all of them.
+        let full = filtered_probs(logits, cfg.temperature, Filter::NONE);
         draw(&full, u, allowed)
     });
     let chosen = chosen.unwrap_or_else(|| {
@@ -653,14 +702,90 @@ mod tests {
     #[test]
     fn filters_in_order_and_renormalize() {
         let logits = [2.0f32, 1.0, 0.0, -1.0];
-        let p = filtered_probs(&logits, 1.0, 0, 1.0);
+        let cut = |top_k, top_p, min_p| Filter {
+            top_k,
+            top_p,
+            min_p,
+        };
+        let kept = |p: &[f64]| p.iter().filter(|&&x| x > 0.0).count();
+        let p = filtered_probs(&logits, 1.0, Filter::NONE);
         assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
-        let k2 = filtered_probs(&logits, 1.0, 2, 1.0);
-        assert_eq!(k2.iter().filter(|&&x| x > 0.0).count(), 2);
-        let nucleus = filtered_probs(&logits, 1.0, 0, 0.5);
-        assert_eq!(nucleus.iter().filter(|&&x| x > 0.0).count(), 1);
-        let hot = filtered_probs(&logits, 100.0, 0, 1.0);
+        assert_eq!(kept(&filtered_probs(&logits, 1.0, cut(2, 1.0, 0.0))), 2);
+        assert_eq!(kept(&filtered_probs(&logits, 1.0, cut(0, 0.5, 0.0))), 1);
+        let hot = filtered_probs(&logits, 100.0, Filter::NONE);
         assert!(hot[3] > 0.2, "high temperature flattens");
+        // min-p: p = 0.644, 0.237, 0.087, 0.032; a floor of 0.3 x 0.644 keeps two,
+        // 0.1 x 0.644 three, and the kept ones keep their probabilities
+        let m = filtered_probs(&logits, 1.0, cut(0, 1.0, 0.3));
+        assert_eq!(kept(&m), 2);
+        assert_eq!(&m[..2], &p[..2]);
+        assert_eq!(kept(&filtered_probs(&logits, 1.0, cut(0, 1.0, 0.1))), 3);
+        // the shortest of the prefixes wins, whichever filter gives it
+        assert_eq!(kept(&filtered_probs(&logits, 1.0, cut(3, 0.99, 0.3))), 2);
+        assert_eq!(kept(&filtered_probs(&logits, 1.0, cut(1, 1.0, 0.1))), 1);
+        // a flat distribution keeps everything at any min-p; the likeliest always stays
+        assert_eq!(kept(&filtered_probs(&[0.0; 5], 1.0, cut(0, 1.0, 0.99))), 5);
+        assert_eq!(
+            kept(&filtered_probs(&[9.0, 0.0], 1.0, cut(0, 1.0, 0.999))),
+            1
+        );
+        // after the temperature: hotter logits let more tokens over the same floor
+        assert_eq!(kept(&filtered_probs(&logits, 4.0, cut(0, 1.0, 0.3))), 4);
+    }
+
+    #[test]
+    fn sampling_values_out_of_range_are_refused_naming_the_flag() {
+        let ok = SampleConfig::default();
+        assert!(ok.validate().is_ok());
+        let bad = [
+            (
+                SampleConfig {
+                    temperature: 0.0,
+                    ..ok.clone()
+                },
+                "--temperature",
+            ),
+            (
+                SampleConfig {
+                    top_p: 0.0,
+                    ..ok.clone()
+                },
+                "--top-p",
+            ),
+            (
+                SampleConfig {
+                    top_p: 1.5,
+                    ..ok.clone()
+                },
+                "--top-p",
+            ),
+            (
+                SampleConfig {
+                    min_p: -0.1,
+                    ..ok.clone()
+                },
+                "--min-p",
+            ),
+            (
+                SampleConfig {
+                    min_p: 1.0,
+                    ..ok.clone()
+                },
+                "--min-p",
+            ),
+            (
+                SampleConfig {
+                    min_p: f64::NAN,
+                    ..ok.clone()
+                },
+                "--min-p",
+            ),
+        ];
+        for (c, flag) in bad {
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
+        assert!(SampleConfig { min_p: 0.5, ..ok }.validate().is_ok());
     }
 
     #[test]

@@ -433,6 +433,8 @@ pub struct GenerationConfig {
     pub top_k: usize,
     /// `--top-p` (1 = off).
     pub top_p: f64,
+    /// `--min-p` (0 = off).
+    pub min_p: f64,
     /// The grammar constraint (`--unconstrained` turns it off).
     pub constrained: bool,
     /// The repetition guard (`--no-repetition-guard` turns it off).
@@ -460,6 +462,7 @@ impl Default for GenerationConfig {
             temperature: s.temperature,
             top_k: s.top_k,
             top_p: s.top_p,
+            min_p: s.min_p,
             constrained: s.constrained,
             repetition_guard: s.guard.enabled,
             max_note_quarters: s.guard.max_note_quarters,
@@ -480,6 +483,7 @@ impl GenerationConfig {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
+            min_p: self.min_p,
             guard: crate::sample::GuardConfig {
                 enabled: self.repetition_guard,
                 max_note_quarters: self.max_note_quarters,
