@@ -525,7 +525,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     // generation_config.json gives the defaults; flags win over it.
     std::fs::write(
         full.join(checkpoint::GENERATION_CONFIG_FILE),
-        r#"{"tokens": 30, "temperature": 0.5, "min_p": 0.2, "repetition_guard": false}"#,
+        r#"{"tokens": 30, "temperature": 0.5, "min_p": 0.2, "set": true, "repetition_guard": false}"#,
     )
     .unwrap();
     let (r3, _) = piece("r3");
@@ -545,6 +545,9 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
     assert_eq!(rec.sample_config.max_tokens, 30);
     assert_eq!(rec.sample_config.temperature, 0.5);
     assert_eq!(rec.sample_config.min_p, 0.2);
+    assert!(rec.sample_config.set);
+    assert!(rec.command.contains(&"--set".to_string()));
+    assert!(rec.tunes >= 1);
     assert!(!rec.sample_config.guard.enabled);
     assert_eq!(
         rec.sample_config.top_p, 0.95,
@@ -564,6 +567,7 @@ fn tiny_model_learns_resumes_exactly_and_generates() {
         r#"{"top-p": 0.5}"#,
         r#"{"top_p": 7}"#,
         r#"{"min_p": 1}"#,
+        r#"{"set": true, "allow_early_end": true}"#,
     ] {
         std::fs::write(full.join(checkpoint::GENERATION_CONFIG_FILE), bad).unwrap();
         let out = Command::new(bin()).args(base(&r3)).output().unwrap();

@@ -52,6 +52,12 @@ pub struct GenerateArgs {
     /// Stop when the piece reaches this many bars.
     #[arg(long)]
     pub max_bars: Option<usize>,
+    /// Write a set of tunes: where the model ends a tune, the piece goes on with
+    /// a new one (at the next bar line, in its own metre and tempo) instead of the
+    /// model being kept from ending it. The piece still runs to --tokens or
+    /// --max-bars; not with --allow-early-end or --min-tokens.
+    #[arg(long)]
+    pub set: bool,
     /// Sample without the repetition guard (which masks notes longer than
     /// --max-note-quarters, a pitch already played --max-same-pitch times
     /// in a row by one instrument, and a note that would make a phrase of 8
@@ -153,6 +159,7 @@ struct Resolved {
     tokens: usize,
     earliest_end: Option<usize>,
     max_bars: Option<usize>,
+    set: bool,
     temperature: f64,
     top_k: usize,
     top_p: f64,
@@ -177,6 +184,7 @@ fn resolve(a: &GenerateArgs, g: &checkpoint::GenerationConfig) -> Resolved {
         tokens: a.tokens.unwrap_or(g.tokens),
         earliest_end,
         max_bars: a.max_bars.or(g.max_bars),
+        set: a.set || g.set,
         temperature: a.temperature.unwrap_or(g.temperature),
         top_k: a.top_k.unwrap_or(g.top_k),
         top_p: a.top_p.unwrap_or(g.top_p),
@@ -209,6 +217,10 @@ pub struct ModelRecord {
     pub config_sha256: String,
     /// The `generation_config.json` whose defaults applied, if any.
     pub generation_config: Option<String>,
+}
+
+fn one_tune() -> usize {
+    1
 }
 
 /// The prompt a piece continued.
@@ -253,6 +265,10 @@ pub struct PieceRecord {
     pub tokens: usize,
     /// Why sampling stopped.
     pub stop: sample::Stop,
+    /// The tunes in the piece: more than 1 only with `--set` (records from
+    /// before it: 1).
+    #[serde(default = "one_tune")]
+    pub tunes: usize,
     /// Draws the grammar replaced.
     pub grammar_corrections: usize,
     /// Draws the repetition guard changed.
@@ -302,6 +318,9 @@ impl PieceRecord {
         }
         if let Some(m) = c.earliest_end {
             flag("--min-tokens", m.to_string());
+        }
+        if c.set {
+            v.push("--set".into());
         }
         if !c.guard.enabled {
             v.push("--no-repetition-guard".into());
@@ -517,6 +536,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         seed: a.seed,
         constrained: r.constrained,
         earliest_end: r.earliest_end,
+        set: r.set,
         guard: r.guard.clone(),
         programs,
     };
@@ -590,6 +610,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
             prompt_tokens: s.prompt_len,
             tokens: s.tokens.len(),
             stop: s.stop,
+            tunes: s.tunes,
             grammar_corrections: s.grammar_corrections,
             guard_changes: s.guard_changes,
             command: Vec::new(),
@@ -598,12 +619,18 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         let record_path = files.midi.with_extension(RECORD_EXTENSION);
         crate::util::write_json(&record_path, &record)?;
         report.push(format!(
-            "{}: {} tokens, {} notes, {:.1} s, stopped by {:?}; {} grammar correction(s), \
+            "{}: {} tokens, {} notes, {:.1} s{}, stopped by {:?}; {} grammar correction(s), \
              {} guard change(s), {} skipped token(s)",
             files.midi.display(),
             s.tokens.len(),
             w.score.notes.len(),
             w.score.duration_seconds(),
+            if cfg.set {
+                let plural = if s.tunes == 1 { "" } else { "s" };
+                format!(", a set of {} tune{plural}", s.tunes)
+            } else {
+                String::new()
+            },
             s.stop,
             s.grammar_corrections,
             s.guard_changes,

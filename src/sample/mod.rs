@@ -5,6 +5,7 @@
 
 pub mod guard;
 pub mod pieces;
+pub mod set;
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
@@ -40,6 +41,13 @@ pub struct SampleConfig {
     /// generated. `None` (the default) forbids EOS altogether, so a piece
     /// runs to `max_tokens` (or `max_bars`); `Some(0)` lets it end anywhere.
     pub earliest_end: Option<usize>,
+    /// A set of tunes ([`set`]): when the model ends a tune, the piece goes on
+    /// with a new one (the model reads EOS and BOS, as between the pieces of a
+    /// training window), joined into one piece; it still runs to `max_tokens` or
+    /// `max_bars`. A tune may end once it has a bar. The later tunes are played
+    /// on the first one's instruments where `programs` names none. Not with
+    /// `earliest_end`.
+    pub set: bool,
     /// The repetition guard (on by default).
     pub guard: GuardConfig,
     /// The instruments a piece may use (`Program` values, [`DRUMS`] for the
@@ -60,6 +68,7 @@ impl Default for SampleConfig {
             seed: 0,
             constrained: true,
             earliest_end: None,
+            set: false,
             guard: GuardConfig::default(),
             programs: None,
         }
@@ -80,6 +89,12 @@ impl SampleConfig {
         if self.max_bars == Some(0) {
             bail!("--max-bars must be at least 1");
         }
+        if self.set && self.earliest_end.is_some() {
+            bail!(
+                "--set goes on with a new tune where the model ends one, so a piece never \
+                 ends early: leave out --allow-early-end and --min-tokens"
+            );
+        }
         if self.programs.as_ref().is_some_and(|p| p.is_empty()) {
             bail!("--programs must name at least one instrument");
         }
@@ -97,7 +112,8 @@ pub enum Stop {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Sample {
-    /// The whole sequence: BOS, prompt, continuation (no EOS).
+    /// The whole sequence: BOS, prompt, continuation (no EOS); the tunes of a
+    /// set joined into one piece ([`set::Join`]).
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
     pub stop: Stop,
@@ -108,9 +124,11 @@ pub struct Sample {
     pub guard_changes: usize,
     /// Tokens drawn after the prompt: those kept, plus EOS or the Bar past
     /// the bar limit that ended the piece and the unfinished note or bare
-    /// Position dropped at the end ([`trim_incomplete`]). The progress of a
-    /// job counts these.
+    /// Position dropped at the end ([`trim_incomplete`]), and in a set each
+    /// EOS that ended a tune. The progress of a job counts these.
     pub drawn: usize,
+    /// The tunes in the piece: 1, or more in a set ([`SampleConfig::set`]).
+    pub tunes: usize,
 }
 
 /// How [`filtered_probs`] cuts the distribution after the temperature: each keeps a
@@ -352,7 +370,14 @@ struct Sequence<'v> {
     guard: GuardState,
     rng: ChaCha8Rng,
     bars: usize,
+    /// Bars of the current tune (the prompt's count for the first).
+    tune_bars: usize,
     done: bool,
+    /// The tokens the model has read (with the EOS and BOS between a set's tunes).
+    fed: Vec<u32>,
+    /// A set's tune has just ended: the next token is BOS.
+    bos_next: bool,
+    join: set::Join<'v>,
     sample: Sample,
 }
 
@@ -362,13 +387,19 @@ impl<'v> Sequence<'v> {
         for &t in prompt {
             guard.observe(vocab, t);
         }
+        let grammar = prompt_grammar(vocab, prompt)?;
+        let bars = prompt.iter().filter(|&&t| t == BAR_ID).count();
         Ok(Sequence {
-            grammar: prompt_grammar(vocab, prompt)?,
+            join: set::Join::new(vocab, grammar.clone()),
+            grammar,
             program_bans: program_bans(vocab, cfg.programs.as_deref()),
             guard,
             rng: ChaCha8Rng::seed_from_u64(seed),
-            bars: prompt.iter().filter(|&&t| t == BAR_ID).count(),
+            bars,
+            tune_bars: bars,
             done: false,
+            fed: prompt.to_vec(),
+            bos_next: false,
             sample: Sample {
                 tokens: prompt.to_vec(),
                 prompt_len: prompt.len(),
@@ -376,24 +407,34 @@ impl<'v> Sequence<'v> {
                 grammar_corrections: 0,
                 guard_changes: 0,
                 drawn: 0,
+                tunes: 1,
             },
         })
     }
 
     /// Draws the token after `generated` new ones from `logits`; `None`
-    /// when the sequence ends here (EOS, or the bar limit).
+    /// when the sequence ends here (EOS, or the bar limit). In a set, the
+    /// token after a tune's EOS is its successor's BOS, drawn from nothing.
     fn step(
         &mut self,
         logits: &[f32],
         generated: usize,
-        vocab: &Vocab,
+        vocab: &'v Vocab,
         cfg: &SampleConfig,
     ) -> Option<u32> {
         if self.done {
             return None;
         }
+        if self.bos_next {
+            self.begin_tune(vocab, cfg);
+            return Some(BOS_ID);
+        }
         let g = cfg.constrained.then_some(&self.grammar);
-        let end_allowed = cfg.earliest_end.is_some_and(|m| generated >= m);
+        let end_allowed = if cfg.set {
+            self.tune_bars > 0
+        } else {
+            cfg.earliest_end.is_some_and(|m| generated >= m)
+        };
         let bans = self.guard.bans(&cfg.guard, vocab, g);
         let p = pick(
             logits,
@@ -408,6 +449,13 @@ impl<'v> Sequence<'v> {
         self.sample.guard_changes += p.guard_changed as usize;
         self.sample.drawn += 1;
         let tok = p.token;
+        if tok == EOS_ID && cfg.set {
+            // The tune ends; the piece goes on (the tune's last note is whole:
+            // the grammar allows EOS only after a Duration, a TimeSig or a Tempo).
+            self.bos_next = true;
+            self.fed.push(EOS_ID);
+            return Some(EOS_ID);
+        }
         if tok == EOS_ID {
             self.sample.stop = Stop::Eos;
             self.done = true;
@@ -420,16 +468,45 @@ impl<'v> Sequence<'v> {
                 return None;
             }
             self.bars += 1;
+            self.tune_bars += 1;
         }
         // Unconstrained sampling may produce anything; keep the grammar
         // state only while it holds.
         let _ = self.grammar.push(tok);
         self.guard.observe(vocab, tok);
-        self.sample.tokens.push(tok);
+        self.fed.push(tok);
+        self.join.push(tok, &mut self.sample.tokens);
         Some(tok)
     }
 
+    /// A set's next tune begins: fresh grammar and guard, as at a piece's start,
+    /// and (where the config names no instruments) the instruments of the first
+    /// tune that had notes.
+    fn begin_tune(&mut self, vocab: &'v Vocab, cfg: &SampleConfig) {
+        self.bos_next = false;
+        // (the first tune with notes fixes them: nothing is banned before)
+        if cfg.programs.is_none() && self.program_bans.is_empty() {
+            let band = programs_of(vocab, &self.sample.tokens);
+            if !band.is_empty() {
+                self.program_bans = program_bans(vocab, Some(&band));
+            }
+        }
+        self.grammar = Grammar::new(vocab);
+        let _ = self.grammar.push(BOS_ID);
+        self.guard = GuardState::new();
+        self.tune_bars = 0;
+        self.fed.push(BOS_ID);
+        self.join.begin_tune();
+        self.sample.tunes = self.join.tunes();
+    }
+
     fn finish(mut self, vocab: &Vocab) -> Sample {
+        if self.join.dropped() > 0 {
+            tracing::debug!(
+                "{} token(s) of later tunes restated the piece and were left out",
+                self.join.dropped()
+            );
+        }
         if self.sample.stop != Stop::Eos {
             let keep = self.sample.prompt_len;
             trim_incomplete(vocab, &mut self.sample.tokens, keep);
@@ -595,7 +672,7 @@ pub fn generate_by_recompute(
     cfg.validate()?;
     let mut seq = Sequence::new(vocab, prompt, sequence_seed(cfg.seed, 0), cfg)?;
     for generated in 0..cfg.max_tokens {
-        let ids: Vec<i64> = seq.sample.tokens.iter().map(|&t| t as i64).collect();
+        let ids: Vec<i64> = seq.fed.iter().map(|&t| t as i64).collect();
         let x = Tensor::from_slice(&ids)
             .view([1, -1])
             .to_device(model.device());
@@ -898,6 +975,60 @@ mod tests {
         let g = Grammar::new(&v);
         let p = pick(&only_eos, &cfg(1, 0), Some(&g), false, &[], &[], &mut rng);
         assert_ne!(p.token, EOS_ID);
+    }
+
+    #[test]
+    fn a_set_goes_on_with_a_new_tune_where_the_model_ends_one() {
+        let v = vocab();
+        // A model that would end every tune as soon as the grammar lets it.
+        let logits = fake_logits(&v, &[(EOS_ID, 6.0), (BAR_ID, 3.0)]);
+        let set = SampleConfig {
+            set: true,
+            ..cfg(400, 3)
+        };
+        let mut seq = Sequence::new(&v, &[BOS_ID], set.seed, &set).unwrap();
+        for generated in 0..set.max_tokens {
+            if seq.step(&logits, generated, &v, &set).is_none() {
+                break;
+            }
+        }
+        let fed = seq.fed.clone();
+        let s = seq.finish(&v);
+        assert_eq!(s.stop, Stop::MaxTokens);
+        assert!(s.tunes > 10, "{} tunes", s.tunes);
+        // The model read EOS BOS between tunes; the piece holds neither.
+        let eos = fed.iter().filter(|&&t| t == EOS_ID).count();
+        let bos = fed.iter().filter(|&&t| t == BOS_ID).count();
+        assert_eq!((eos, bos), (s.tunes - 1, s.tunes));
+        assert!(fed.windows(2).all(|w| w[0] != EOS_ID || w[1] == BOS_ID));
+        assert!(!s.tokens.contains(&EOS_ID));
+        assert_eq!(s.tokens.iter().filter(|&&t| t == BOS_ID).count(), 1);
+        // Every EOS was drawn after a bar of its tune; the piece is one valid
+        // sequence that decodes without a skipped token.
+        crate::tokenizer::validate(&s.tokens, &v).unwrap();
+        let (_, report) = crate::tokenizer::decode(&s.tokens, &v);
+        assert!(report.is_clean(), "{report:?}");
+        // The later tunes are played on the instruments of the first with notes.
+        let band = (0..fed.len())
+            .filter(|&i| fed[i] == EOS_ID)
+            .map(|i| programs_of(&v, &fed[..i]))
+            .find(|p| !p.is_empty())
+            .unwrap();
+        assert_eq!(programs_of(&v, &s.tokens), band);
+        assert!(s.tokens.len() > 100);
+        // Without `set` the same model is kept from ending: one tune.
+        let one = run_fake(&v, &cfg(400, 3), &logits);
+        assert_eq!((one.tunes, one.stop), (1, Stop::MaxTokens));
+        // A set never ends early, so an earliest end is refused, naming the flags.
+        let both = SampleConfig {
+            earliest_end: Some(0),
+            ..set
+        };
+        let err = both.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--set") && err.contains("--allow-early-end"),
+            "{err}"
+        );
     }
 
     /// The longest run of one pitch among the Pitch tokens after the prompt.

@@ -427,6 +427,8 @@ pub struct GenerationConfig {
     pub allow_early_end: bool,
     /// `--max-bars`: stop when the piece reaches this many bars.
     pub max_bars: Option<usize>,
+    /// `--set`: a set of tunes, a new one where the model ends one.
+    pub set: bool,
     /// `--temperature`.
     pub temperature: f64,
     /// `--top-k` (0 = off).
@@ -459,6 +461,7 @@ impl Default for GenerationConfig {
             min_tokens: None,
             allow_early_end: false,
             max_bars: s.max_bars,
+            set: s.set,
             temperature: s.temperature,
             top_k: s.top_k,
             top_p: s.top_p,
@@ -480,6 +483,12 @@ impl GenerationConfig {
         crate::sample::SampleConfig {
             max_tokens: self.tokens,
             max_bars: self.max_bars,
+            set: self.set,
+            earliest_end: match (self.min_tokens, self.allow_early_end) {
+                (Some(m), _) => Some(m),
+                (None, true) => Some(0),
+                (None, false) => None,
+            },
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
