@@ -110,7 +110,8 @@ pub struct GenerateArgs {
     pub unconstrained: bool,
     /// Instruments the piece may use: `prompt` (those of the prompt; any
     /// when there is no prompt), `any`, or General MIDI program numbers and
-    /// `drums`, comma-separated (e.g. `0,33,drums`) [default: prompt].
+    /// `drums`, comma-separated (e.g. `0,33,drums`); in a --set without a prompt,
+    /// `prompt` keeps the first tune's instruments [default: prompt].
     #[arg(long)]
     pub programs: Option<String>,
     /// Device to run the model on: auto (CUDA when available), cpu, cuda or cuda:N.
@@ -537,6 +538,8 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         constrained: r.constrained,
         earliest_end: r.earliest_end,
         set: r.set,
+        // (`prompt`, the default, extends to a set: the first tune's instruments)
+        keep_first_instruments: r.programs.trim() != "any",
         guard: r.guard.clone(),
         programs,
     };

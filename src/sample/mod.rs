@@ -44,10 +44,12 @@ pub struct SampleConfig {
     /// A set of tunes ([`set`]): when the model ends a tune, the piece goes on
     /// with a new one (the model reads EOS and BOS, as between the pieces of a
     /// training window), joined into one piece; it still runs to `max_tokens` or
-    /// `max_bars`. A tune may end once it has a bar. The later tunes are played
-    /// on the first one's instruments where `programs` names none. Not with
-    /// `earliest_end`.
+    /// `max_bars`. A tune may end once it has a bar. Not with `earliest_end`.
     pub set: bool,
+    /// In a set where `programs` names no instruments: the later tunes are played
+    /// on those of the first tune that had notes (on by default; `generate
+    /// --programs any` turns it off, so each tune may bring in any).
+    pub keep_first_instruments: bool,
     /// The repetition guard (on by default).
     pub guard: GuardConfig,
     /// The instruments a piece may use (`Program` values, [`DRUMS`] for the
@@ -69,6 +71,7 @@ impl Default for SampleConfig {
             constrained: true,
             earliest_end: None,
             set: false,
+            keep_first_instruments: true,
             guard: GuardConfig::default(),
             programs: None,
         }
@@ -480,12 +483,12 @@ impl<'v> Sequence<'v> {
     }
 
     /// A set's next tune begins: fresh grammar and guard, as at a piece's start,
-    /// and (where the config names no instruments) the instruments of the first
-    /// tune that had notes.
+    /// and the instruments of the first tune that had notes
+    /// ([`SampleConfig::keep_first_instruments`]).
     fn begin_tune(&mut self, vocab: &'v Vocab, cfg: &SampleConfig) {
         self.bos_next = false;
         // (the first tune with notes fixes them: nothing is banned before)
-        if cfg.programs.is_none() && self.program_bans.is_empty() {
+        if cfg.keep_first_instruments && cfg.programs.is_none() && self.program_bans.is_empty() {
             let band = programs_of(vocab, &self.sample.tokens);
             if !band.is_empty() {
                 self.program_bans = program_bans(vocab, Some(&band));
@@ -1016,6 +1019,13 @@ mod tests {
             .unwrap();
         assert_eq!(programs_of(&v, &s.tokens), band);
         assert!(s.tokens.len() > 100);
+        // Unless each tune may bring in any: then the later ones do.
+        let any = SampleConfig {
+            keep_first_instruments: false,
+            ..set.clone()
+        };
+        let free = run_fake(&v, &any, &logits);
+        assert!(programs_of(&v, &free.tokens).len() > band.len() + 5);
         // Without `set` the same model is kept from ending: one tune.
         let one = run_fake(&v, &cfg(400, 3), &logits);
         assert_eq!((one.tunes, one.stop), (1, Stop::MaxTokens));
