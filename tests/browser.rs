@@ -312,11 +312,15 @@ fn studio_in_headless_chromium() {
     let hint = b.js("return document.getElementById('length-hint').textContent");
     assert!(hint.as_str().unwrap().starts_with("About "), "{hint}");
     b.type_into("#seed", "7");
+    // as a set of tunes (the model may end the prompt's tune and begin another)
+    b.click("#set");
     b.click("#generate");
     b.wait_for(
         "return document.querySelector('#results .piece') !== null",
         long,
     );
+    let meta = b.js("return document.querySelector('#results .piece .meta').textContent");
+    assert!(meta.as_str().unwrap().contains("a set of tunes"), "{meta}");
     let progress = b.js("return document.getElementById('progress-text').textContent");
     assert!(
         progress

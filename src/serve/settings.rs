@@ -40,6 +40,9 @@ pub struct JobRequest {
     /// `prompt` (the prompt's; any without a prompt), `any`, or program
     /// numbers and `drums`, comma-separated.
     pub programs: String,
+    /// A set of tunes (`generate --set`): where the model ends a tune, the next
+    /// one begins.
+    pub set: bool,
 }
 
 impl Default for JobRequest {
@@ -55,6 +58,7 @@ impl Default for JobRequest {
             seed: None,
             num_samples: 1,
             programs: "prompt".into(),
+            set: false,
         }
     }
 }
@@ -77,6 +81,7 @@ fn label(field: &str) -> &'static str {
         "seed" => "The seed",
         "num_samples" => "Variations",
         "programs" => "Instruments",
+        "set" => "Set of tunes",
         _ => "This setting",
     }
 }
@@ -134,9 +139,17 @@ fn check_type(field: &str, x: &Value) -> Result<(), String> {
                 shown(x)
             )),
         },
+        "set" => match x {
+            Value::Bool(_) => Ok(()),
+            _ => Err(format!(
+                "{} must be on or off (true or false; got {})",
+                label(field),
+                shown(x)
+            )),
+        },
         other => Err(format!(
             "unknown setting \"{}\" (this page sends prompt, prompt_bars, bars, tokens, \
-             temperature, top_k, top_p, seed, num_samples and programs)",
+             temperature, top_k, top_p, seed, num_samples, programs and set)",
             cadenza_core::util::excerpt(other, 40)
         )),
     }
@@ -208,6 +221,9 @@ impl JobRequest {
             top_p: self.top_p,
             seed: self.seed.unwrap_or(0),
             programs,
+            set: self.set,
+            // (as `generate`: `prompt` extends to a set, `any` lets each tune choose)
+            keep_first_instruments: self.programs.trim() != "any",
             ..Default::default()
         }
     }
@@ -249,6 +265,13 @@ mod tests {
         assert_eq!(parse(b"{}").unwrap().seed, None);
         assert_eq!(parse(br#"{"seed": null}"#).unwrap().seed, None);
         assert_eq!(parse(b"{}").unwrap(), JobRequest::default());
+        // A set of tunes reaches the sampler; `any` lets each tune choose its instruments.
+        let set = parse(br#"{"set": true, "programs": "any"}"#).unwrap();
+        let c = set.sample_config(None, 0);
+        assert!(c.set && !c.keep_first_instruments);
+        let c = parse(br#"{"set": true}"#).unwrap().sample_config(None, 0);
+        assert!(c.set && c.keep_first_instruments);
+        assert!(!JobRequest::default().sample_config(None, 0).set);
     }
 
     #[test]
@@ -285,6 +308,7 @@ mod tests {
                 "Instruments: \"piano\" is neither",
             ),
             (r#"{"programs": 3}"#, "Instruments must be text"),
+            (r#"{"set": "yes"}"#, "Set of tunes must be on or off"),
             (r#"{"colour": "blue"}"#, "unknown setting \"colour\""),
             ("{not json", "not valid JSON"),
             ("[1]", "not a JSON object"),

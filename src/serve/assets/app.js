@@ -215,6 +215,7 @@ function settings() {
   Object.assign(s, lengthSettings());
   s.seed = seedSetting();
   s.programs = $("programs").value.trim();
+  s.set = $("set").checked;
   return s;
 }
 
@@ -230,6 +231,7 @@ function applySettings(s) {
   }
   $("seed").value = s.seed === null || s.seed === undefined ? "" : String(s.seed);
   $("programs").value = s.programs;
+  $("set").checked = s.set === true;
   programsHelp();
   lengthHint();
 }
@@ -577,7 +579,7 @@ function pieceCard(piece) {
       `${piece.stats.bars} bars, ${clock(piece.seconds)}, ${piece.notes} notes ` +
       `(${newTokens(piece)} after ${piece.prompt_tokens}); ` +
       `seed ${s.seed}, temperature ${s.temperature}, top-k ${s.top_k}, top-p ${s.top_p}, ` +
-      `instruments ${s.programs}, variation ${piece.index}`),
+      `instruments ${s.programs}${s.set ? ", a set of tunes" : ""}, variation ${piece.index}`),
     piece.silent ? el("p", { class: "silent" }, piece.silent) : null,
     el("div", { class: "media" }, audio, pianoRoll(piece, f.wav ? audio : null)),
     statsTable(piece),
