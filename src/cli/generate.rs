@@ -175,11 +175,7 @@ fn resolve(a: &GenerateArgs, g: &checkpoint::GenerationConfig) -> Resolved {
     let earliest_end = match (a.min_tokens, a.allow_early_end) {
         (Some(m), _) => Some(m),
         (None, true) => Some(0),
-        (None, false) => match (g.min_tokens, g.allow_early_end) {
-            (Some(m), _) => Some(m),
-            (None, true) => Some(0),
-            (None, false) => None,
-        },
+        (None, false) => g.earliest_end(),
     };
     Resolved {
         tokens: a.tokens.unwrap_or(g.tokens),
@@ -538,8 +534,7 @@ pub fn generate(a: GenerateArgs) -> Result<i32> {
         constrained: r.constrained,
         earliest_end: r.earliest_end,
         set: r.set,
-        // (`prompt`, the default, extends to a set: the first tune's instruments)
-        keep_first_instruments: r.programs.trim() != "any",
+        keep_first_instruments: pieces::keeps_first_instruments(&r.programs),
         guard: r.guard.clone(),
         programs,
     };

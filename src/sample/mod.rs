@@ -390,11 +390,10 @@ impl<'v> Sequence<'v> {
         for &t in prompt {
             guard.observe(vocab, t);
         }
-        let grammar = prompt_grammar(vocab, prompt)?;
         let bars = prompt.iter().filter(|&&t| t == BAR_ID).count();
         Ok(Sequence {
-            join: set::Join::new(vocab, grammar.clone()),
-            grammar,
+            join: set::Join::new(vocab),
+            grammar: prompt_grammar(vocab, prompt)?,
             program_bans: program_bans(vocab, cfg.programs.as_deref()),
             guard,
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -494,12 +493,13 @@ impl<'v> Sequence<'v> {
                 self.program_bans = program_bans(vocab, Some(&band));
             }
         }
+        // (the ended tune's grammar, before its EOS: the step does not push it)
+        self.join.begin_tune(&self.grammar);
         self.grammar = Grammar::new(vocab);
         let _ = self.grammar.push(BOS_ID);
         self.guard = GuardState::new();
         self.tune_bars = 0;
         self.fed.push(BOS_ID);
-        self.join.begin_tune();
         self.sample.tunes = self.join.tunes();
     }
 

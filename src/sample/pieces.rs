@@ -42,12 +42,23 @@ pub fn prompt_from_bytes(
     Ok((score, ids, warnings))
 }
 
+/// The `--programs` value that lets the model bring in any instrument.
+const ANY: &str = "any";
+
+/// Whether the later tunes of a set keep the first tune's instruments
+/// ([`crate::sample::SampleConfig::keep_first_instruments`]) under this
+/// `--programs` value: every value but `any` (`prompt`, the default, extends to
+/// a set as the first tune's instruments; a list fixes them anyway).
+pub fn keeps_first_instruments(arg: &str) -> bool {
+    arg.trim() != ANY
+}
+
 /// The `--programs` value: `None` for any instrument, else the allowed
 /// `Program` values. `prompt` means those of the prompt (`in_prompt`), or any
 /// when the prompt has none.
 pub fn parse_programs(arg: &str, in_prompt: &[u8]) -> Result<Option<Vec<u8>>> {
     match arg.trim() {
-        "any" => return Ok(None),
+        ANY => return Ok(None),
         "prompt" => return Ok((!in_prompt.is_empty()).then(|| in_prompt.to_vec())),
         _ => {}
     }

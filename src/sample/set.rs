@@ -35,8 +35,10 @@ enum Stage {
 #[derive(Debug, Clone)]
 pub struct Join<'v> {
     vocab: &'v Vocab,
-    /// The grammar state of the joined piece (not of the current tune).
-    piece: Grammar<'v>,
+    /// The grammar state of the joined piece (not of the current tune), kept from
+    /// the first join on: before it the piece is the first tune, whose grammar the
+    /// sampler keeps already, so a piece that is one tune costs no second grammar.
+    piece: Option<Grammar<'v>>,
     stage: Stage,
     /// The tunes begun so far (the prompt's counts as the first).
     tunes: usize,
@@ -45,19 +47,23 @@ pub struct Join<'v> {
 }
 
 impl<'v> Join<'v> {
-    /// A join whose piece so far is `piece` (the grammar after the prompt).
-    pub fn new(vocab: &'v Vocab, piece: Grammar<'v>) -> Self {
+    /// A join inside the first tune.
+    pub fn new(vocab: &'v Vocab) -> Self {
         Join {
             vocab,
-            piece,
+            piece: None,
             stage: Stage::First,
             tunes: 1,
             dropped: 0,
         }
     }
 
-    /// A new tune begins (the model has read its BOS).
-    pub fn begin_tune(&mut self) {
+    /// A new tune begins (the model has read its BOS); `ended` is the grammar of
+    /// the tune that ended, before its EOS (at the first join, the piece's).
+    pub fn begin_tune(&mut self, ended: &Grammar<'v>) {
+        if self.piece.is_none() {
+            self.piece = Some(ended.clone());
+        }
         self.stage = Stage::AwaitBar;
         self.tunes += 1;
     }
@@ -86,7 +92,8 @@ impl<'v> Join<'v> {
             Stage::AfterBar => {
                 self.stage = Stage::Later;
                 let is_sig = matches!(self.vocab.token(id), Some(Token::TimeSig { .. }));
-                if !is_sig && self.piece.time_signature() != (4, 4) {
+                let sig_now = self.piece.as_ref().map_or((4, 4), Grammar::time_signature);
+                if !is_sig && sig_now != (4, 4) {
                     let common = Token::TimeSig {
                         numerator: 4,
                         denominator: 4,
@@ -106,7 +113,7 @@ impl<'v> Join<'v> {
         let restates = matches!(
             self.vocab.kind(id),
             Some(TokenType::TimeSig | TokenType::Tempo | TokenType::Program)
-        ) && !self.piece.allows(id);
+        ) && self.piece.as_ref().is_some_and(|p| !p.allows(id));
         if restates {
             self.dropped += 1;
         } else {
@@ -117,7 +124,9 @@ impl<'v> Join<'v> {
     fn emit(&mut self, id: u32, out: &mut Vec<u32>) {
         // Unconstrained sampling may write what the grammar refuses: the piece
         // keeps it, and its grammar state stays where it was.
-        let _ = self.piece.push(id);
+        if let Some(piece) = &mut self.piece {
+            let _ = piece.push(id);
+        }
         out.push(id);
     }
 }
@@ -157,17 +166,24 @@ mod tests {
         t
     }
 
-    /// Joins tunes (each without BOS/EOS) as the sampler does, from `BOS`.
+    /// Joins tunes (each without BOS/EOS) as the sampler does, from `BOS`,
+    /// keeping each tune's grammar as the sampler keeps it.
     fn join<'v>(v: &'v Vocab, tunes: &[Vec<u32>]) -> (Vec<u32>, Join<'v>) {
-        let mut g = Grammar::new(v);
-        g.push(BOS_ID).unwrap();
-        let mut j = Join::new(v, g);
+        let fresh = || {
+            let mut g = Grammar::new(v);
+            g.push(BOS_ID).unwrap();
+            g
+        };
+        let mut j = Join::new(v);
         let mut out = vec![BOS_ID];
+        let mut grammar = fresh();
         for (i, tune) in tunes.iter().enumerate() {
             if i > 0 {
-                j.begin_tune();
+                j.begin_tune(&grammar);
+                grammar = fresh();
             }
             for &t in tune {
+                grammar.push(t).unwrap();
                 j.push(t, &mut out);
             }
         }

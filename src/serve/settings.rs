@@ -222,8 +222,7 @@ impl JobRequest {
             seed: self.seed.unwrap_or(0),
             programs,
             set: self.set,
-            // (as `generate`: `prompt` extends to a set, `any` lets each tune choose)
-            keep_first_instruments: self.programs.trim() != "any",
+            keep_first_instruments: crate::sample::pieces::keeps_first_instruments(&self.programs),
             ..Default::default()
         }
     }

@@ -478,17 +478,23 @@ impl Default for GenerationConfig {
 }
 
 impl GenerationConfig {
+    /// The sampler's earliest end (`SampleConfig::earliest_end`) that
+    /// `min_tokens` and `allow_early_end` give.
+    pub fn earliest_end(&self) -> Option<usize> {
+        match (self.min_tokens, self.allow_early_end) {
+            (Some(m), _) => Some(m),
+            (None, true) => Some(0),
+            (None, false) => None,
+        }
+    }
+
     /// Checks every value as `generate` would check its flag.
     pub fn validate(&self) -> Result<()> {
         crate::sample::SampleConfig {
             max_tokens: self.tokens,
             max_bars: self.max_bars,
             set: self.set,
-            earliest_end: match (self.min_tokens, self.allow_early_end) {
-                (Some(m), _) => Some(m),
-                (None, true) => Some(0),
-                (None, false) => None,
-            },
+            earliest_end: self.earliest_end(),
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
